@@ -1,0 +1,325 @@
+"""Start, stop and inspect a fleet of simulated GPU nodes (a test fixture).
+
+Each node is a podman container running systemd from the locally built image
+(`image`), with one GPU profile chosen when it starts, and the local signed package
+repository (`repo`) mounted read-only at /srv/gpufleet-repo.
+
+    python tests/sim/fleet.py image            # build the node image if its recipe changed
+    python tests/sim/fleet.py repo             # build the local package repository
+    python tests/sim/fleet.py up               # the fleet of inventories/sim
+    python tests/sim/fleet.py up --node gpu1=t4-1 --node cpu1=none
+    python tests/sim/fleet.py up --count 20 --profile t4-1 --write-inventory out/hosts.yml
+    python tests/sim/fleet.py list | status | reboot NODE | down [NODE ...]
+    python tests/sim/fleet.py drift NODE stop-service nvidia-persistenced
+
+Podman reads its settings from tests/sim/containers.conf through CONTAINERS_CONF;
+the host's /etc/containers is never touched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+SIM_DIR = Path(__file__).resolve().parent
+PROJECT = SIM_DIR.parent.parent
+KIT_DIR = SIM_DIR / "kit"
+IMAGE_RECIPE = SIM_DIR / "image" / "build-rootfs.sh"
+REPO_DIR = SIM_DIR / "repo"
+CACHE = Path(os.environ.get("GPUFLEET_CACHE", PROJECT / ".cache"))
+IMAGE_NAME = "localhost/gpufleet-node"
+LABEL = "gpufleet.sim"
+REPO_MOUNT = "/srv/gpufleet-repo"
+DEFAULT_MIRROR = "http://deb.debian.org/debian"
+DEFAULT_INVENTORY = PROJECT / "inventories" / "sim"
+BOOT_TIMEOUT = 90.0
+
+os.environ.setdefault("CONTAINERS_CONF", str(SIM_DIR / "containers.conf"))
+
+
+class FleetError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    name: str
+    profile: str
+
+
+def _run(cmd: Sequence[str], *, check: bool = True, capture: bool = True,
+         timeout: float | None = None) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(list(cmd), text=True, capture_output=capture, check=False,
+                            timeout=timeout)
+    if check and result.returncode != 0:
+        detail = (result.stderr or result.stdout or "").strip()
+        raise FleetError(f"{' '.join(cmd[:3])} … failed ({result.returncode}): {detail}")
+    return result
+
+
+def podman(*args: str, check: bool = True, timeout: float | None = None
+           ) -> subprocess.CompletedProcess[str]:
+    return _run(["podman", *args], check=check, timeout=timeout)
+
+
+# --- content hashes -------------------------------------------------------------
+
+def tree_hash(paths: Iterable[Path]) -> str:
+    """Hash of file names and contents (and symlink targets), order-independent."""
+    digest = hashlib.sha256()
+    files: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            files.extend(p for p in path.rglob("*") if p.is_file() or p.is_symlink())
+        else:
+            files.append(path)
+    for file in sorted(f for f in files if "__pycache__" not in f.parts):
+        digest.update(str(file.relative_to(PROJECT)).encode())
+        digest.update(b"\0")
+        if file.is_symlink():
+            digest.update(b"->" + os.readlink(file).encode())
+        else:
+            digest.update(file.read_bytes())
+        digest.update(b"\0")
+    return digest.hexdigest()[:12]
+
+
+def image_tag() -> str:
+    return f"{IMAGE_NAME}:{tree_hash([IMAGE_RECIPE, KIT_DIR])}"
+
+
+def build_image(mirror: str) -> str:
+    tag = image_tag()
+    if podman("image", "exists", tag, check=False).returncode == 0:
+        print(f"image {tag} is up to date")
+        return tag
+    print(f"building image {tag} (debootstrap from {mirror}; about a minute)")
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=CACHE, prefix="rootfs-") as work:
+        rootfs = Path(work) / "rootfs"
+        _run(["bash", str(IMAGE_RECIPE), str(rootfs), str(KIT_DIR), mirror], capture=False)
+        tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
+        imported = subprocess.run(
+            ["podman", "import", "--change", "CMD=/sbin/init", "-", tag],
+            stdin=tar.stdout, capture_output=True, text=True, check=False)
+        tar.wait()
+        if imported.returncode != 0 or tar.returncode != 0:
+            raise FleetError(f"podman import failed: {imported.stderr.strip()}")
+    podman("tag", tag, f"{IMAGE_NAME}:latest")
+    print(f"built {tag}")
+    return tag
+
+
+def repo_path() -> Path:
+    return CACHE / "repo"
+
+
+def build_repo() -> Path:
+    sys.path.insert(0, str(REPO_DIR))
+    from build_repo import build  # type: ignore[import-not-found]
+
+    return build(REPO_DIR, repo_path())
+
+
+# --- nodes ----------------------------------------------------------------------
+
+def inventory_nodes(inventory: Path) -> list[NodeSpec]:
+    """Hosts of a simulated-fleet inventory, with their `gpusim_profile` host variable."""
+    ansible_inventory = shutil.which("ansible-inventory", path=str(Path(sys.executable).parent))
+    if not ansible_inventory:
+        ansible_inventory = "ansible-inventory"
+    data = json.loads(_run([ansible_inventory, "-i", str(inventory), "--list"]).stdout)
+    hostvars = data.get("_meta", {}).get("hostvars", {})
+    specs = []
+    for host, variables in sorted(hostvars.items()):
+        profile = variables.get("gpusim_profile")
+        if profile is None:
+            raise FleetError(f"{inventory}: host {host} has no gpusim_profile variable")
+        specs.append(NodeSpec(host, str(profile)))
+    if not specs:
+        raise FleetError(f"{inventory}: no hosts")
+    return specs
+
+
+def running_nodes() -> list[dict[str, str]]:
+    out = podman("ps", "-a", "--filter", f"label={LABEL}=1", "--format", "json").stdout
+    nodes = []
+    for item in json.loads(out or "[]"):
+        labels = item.get("Labels") or {}
+        nodes.append({
+            "name": item["Names"][0],
+            "profile": labels.get(f"{LABEL}.profile", "?"),
+            "state": item.get("State", "?"),
+            "image": item.get("Image", "?"),
+        })
+    return sorted(nodes, key=lambda n: n["name"])
+
+
+def wait_booted(name: str, timeout: float = BOOT_TIMEOUT) -> str:
+    deadline = time.monotonic() + timeout
+    state = "unknown"
+    while time.monotonic() < deadline:
+        result = podman("exec", name, "systemctl", "is-system-running", check=False)
+        state = result.stdout.strip()
+        if state in ("running", "degraded"):
+            return state
+        time.sleep(0.5)
+    raise FleetError(f"{name}: systemd did not finish booting in {timeout:.0f}s (state {state})")
+
+
+def start_node(spec: NodeSpec, tag: str, repo: Path) -> None:
+    """Start a node; one whose profile, image or repository changed is recreated."""
+    repo_hash = (repo / ".source-hash").read_text().strip()
+    existing = podman("container", "exists", spec.name, check=False).returncode == 0
+    if existing:
+        inspect = json.loads(podman("inspect", spec.name).stdout)[0]
+        labels = inspect["Config"].get("Labels") or {}
+        if (labels.get(f"{LABEL}.profile") == spec.profile
+                and labels.get(f"{LABEL}.repo") == repo_hash
+                and inspect.get("ImageName") == tag):
+            if not inspect["State"]["Running"]:
+                podman("start", spec.name)
+            return
+        podman("rm", "-f", "-t", "0", spec.name)
+    podman(
+        "run", "-d", "--name", spec.name, "--hostname", spec.name,
+        "--systemd=always",
+        "--label", f"{LABEL}=1", "--label", f"{LABEL}.profile={spec.profile}",
+        "--label", f"{LABEL}.repo={repo_hash}",
+        "--env", f"GPUSIM_PROFILE={spec.profile}",
+        "--volume", f"{repo}:{REPO_MOUNT}:ro",
+        tag, "/sbin/init",
+    )
+
+
+def up(specs: Sequence[NodeSpec], mirror: str) -> None:
+    tag = build_image(mirror)
+    repo = build_repo()
+    for spec in specs:
+        start_node(spec, tag, repo)
+    for spec in specs:
+        state = wait_booted(spec.name)
+        print(f"{spec.name}: {spec.profile} ({state})")
+
+
+def down(names: Sequence[str]) -> None:
+    targets = list(names) or [n["name"] for n in running_nodes()]
+    if targets:
+        podman("rm", "-f", "-t", "0", *targets)
+    for name in targets:
+        print(f"{name}: removed")
+
+
+def reboot(name: str) -> None:
+    """Power-cycle a node: /run (and with it the simulated hardware state) starts afresh."""
+    podman("restart", "-t", "5", name)
+    print(f"{name}: {wait_booted(name)}")
+
+
+def node_status(name: str) -> dict[str, object]:
+    result = podman("exec", name, "/opt/gpusim/bin/gpusim", "status", "--json", check=False)
+    if result.returncode != 0:
+        return {"node": name, "error": result.stderr.strip() or "not reachable"}
+    status: dict[str, object] = json.loads(result.stdout)
+    return status
+
+
+def write_inventory(specs: Sequence[NodeSpec], path: Path) -> None:
+    hosts = {s.name: {"gpusim_profile": s.profile} for s in specs}
+    document = {
+        "all": {
+            "children": {"gpu_nodes": {"hosts": hosts}},
+        }
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = "# Written by tests/sim/fleet.py; variables come from inventories/sim/group_vars.\n"
+    path.write_text(text + yaml.safe_dump(document, sort_keys=True), encoding="utf-8")
+
+
+def _parse_node(value: str) -> NodeSpec:
+    name, sep, profile = value.partition("=")
+    if not sep or not name or not profile:
+        raise argparse.ArgumentTypeError(f"expected NAME=PROFILE, got {value!r}")
+    return NodeSpec(name, profile)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="fleet.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mirror", default=os.environ.get("GPUFLEET_DEBIAN_MIRROR",
+                                                           DEFAULT_MIRROR))
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("image", help="build the node image if its recipe changed; print its tag")
+    sub.add_parser("repo", help="build the local signed package repository")
+    start = sub.add_parser("up", help="start nodes (default: the hosts of inventories/sim)")
+    start.add_argument("-i", "--inventory", type=Path, default=DEFAULT_INVENTORY)
+    start.add_argument("--node", action="append", type=_parse_node, default=[],
+                       metavar="NAME=PROFILE")
+    start.add_argument("--count", type=int, help="start COUNT nodes of --profile")
+    start.add_argument("--profile", default="t4-1")
+    start.add_argument("--prefix", default="sim-node")
+    start.add_argument("--write-inventory", type=Path, metavar="FILE")
+    stop = sub.add_parser("down", help="remove nodes (default: every simulated node)")
+    stop.add_argument("names", nargs="*")
+    sub.add_parser("list", help="list simulated nodes")
+    sub.add_parser("status", help="simulated hardware and driver state of each node")
+    restart = sub.add_parser("reboot", help="power-cycle a node")
+    restart.add_argument("name")
+    drift = sub.add_parser("drift", help="inject drift on a node (see `gpusim drift -h`)")
+    drift.add_argument("name")
+    drift.add_argument("drift_args", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+
+    try:
+        if args.command == "image":
+            print(build_image(args.mirror))
+        elif args.command == "repo":
+            print(build_repo())
+        elif args.command == "up":
+            if args.count:
+                specs = [NodeSpec(f"{args.prefix}{i:02d}", args.profile)
+                         for i in range(1, args.count + 1)]
+            elif args.node:
+                specs = args.node
+            else:
+                specs = inventory_nodes(args.inventory)
+            up(specs, args.mirror)
+            if args.write_inventory:
+                write_inventory(specs, args.write_inventory)
+        elif args.command == "down":
+            down(args.names)
+        elif args.command == "list":
+            for node in running_nodes():
+                print(f"{node['name']:<20} {node['profile']:<20} {node['state']:<10} "
+                      f"{node['image']}")
+        elif args.command == "status":
+            for node in running_nodes():
+                print(json.dumps(node_status(node["name"]), sort_keys=True))
+        elif args.command == "reboot":
+            reboot(args.name)
+        elif args.command == "drift":
+            result = podman("exec", args.name, "/opt/gpusim/bin/gpusim", "drift",
+                            *args.drift_args, check=False)
+            sys.stdout.write(result.stdout)
+            sys.stderr.write(result.stderr)
+            return result.returncode
+    except FleetError as exc:
+        print(f"fleet: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

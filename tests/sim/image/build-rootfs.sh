@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Recipe of the simulated-node image: a Debian 12 minbase root file system with
+# systemd, python3 and the gpusim kit. Called by `tests/sim/fleet.py image`, which
+# tags the result with a hash of this file and the kit, so a change to either
+# rebuilds the image and nothing else does.
+#
+#   build-rootfs.sh ROOTFS_DIR KIT_DIR MIRROR
+set -euo pipefail
+
+rootfs=$1 kit=$2 mirror=$3
+
+packages=(
+  systemd systemd-sysv dbus          # a real init, so services really start and stop
+  python3 python3-yaml python3-apt   # Ansible's interpreter and its apt module
+  iproute2 procps kmod curl ca-certificates gnupg
+)
+
+debootstrap --variant=minbase --include="$(IFS=,; echo "${packages[*]}")" \
+  bookworm "$rootfs" "$mirror"
+
+# A stock Debian 12 source list (main only): enabling contrib/non-free is the
+# driver role's job, as it would be on a fresh server.
+cat > "$rootfs/etc/apt/sources.list" <<SOURCES
+deb $mirror bookworm main
+deb $mirror bookworm-updates main
+deb ${mirror%/debian}/debian-security bookworm-security main
+SOURCES
+
+# Containers get their hostname and machine id when they start.
+rm -f "$rootfs/etc/hostname"
+: > "$rootfs/etc/machine-id"
+# Services that make no sense in a container.
+for unit in getty@tty1.service serial-getty@.service systemd-logind.service \
+            systemd-timesyncd.service apt-daily.timer apt-daily-upgrade.timer; do
+  ln -sf /dev/null "$rootfs/etc/systemd/system/$unit"
+done
+ln -sf /lib/systemd/system/multi-user.target "$rootfs/etc/systemd/system/default.target"
+
+# The simulation kit and the marker that makes it impossible to mistake this node
+# for a real one.
+mkdir -p "$rootfs/opt/gpusim"
+cp -a "$kit/." "$rootfs/opt/gpusim/"
+find "$rootfs/opt/gpusim" -name __pycache__ -prune -exec rm -rf {} +
+cat > "$rootfs/etc/gpusim-node" <<MARKER
+This is a SIMULATED gpufleet GPU node (a podman container built by tests/sim).
+Its PCI devices, kernel modules and nvidia-smi answers are simulated by /opt/gpusim.
+Nothing here is real GPU hardware.
+MARKER
+install -m 0644 "$kit/systemd/gpusim-boot.service" "$rootfs/etc/systemd/system/"
+ln -sf /etc/systemd/system/gpusim-boot.service \
+  "$rootfs/etc/systemd/system/sysinit.target.wants/gpusim-boot.service"
+ln -sf /opt/gpusim/bin/modprobe "$rootfs/usr/local/sbin/modprobe"
+ln -sf /opt/gpusim/bin/rmmod "$rootfs/usr/local/sbin/rmmod"
+
+# Move the genuine driver binaries aside when a package installs them, so the
+# simulated ones can answer once the simulated module is loaded; gpusim keeps the
+# links in step after every dpkg run.
+chroot "$rootfs" dpkg-divert --local --rename \
+  --divert /usr/lib/nvidia/current/nvidia-smi.gpusim-real --add /usr/lib/nvidia/current/nvidia-smi
+chroot "$rootfs" dpkg-divert --local --rename \
+  --divert /usr/bin/nvidia-persistenced.gpusim-real --add /usr/bin/nvidia-persistenced
+echo 'post-invoke=test ! -x /opt/gpusim/bin/gpusim || /opt/gpusim/bin/gpusim sync' \
+  > "$rootfs/etc/dpkg/dpkg.cfg.d/gpusim"
+
+chroot "$rootfs" apt-get clean
+rm -rf "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/cache/apt/*.bin

@@ -1,0 +1,233 @@
+"""Entry points of the simulation kit, chosen by the name a program is called by.
+
+/opt/gpusim/bin holds one launcher per name: gpusim, nvidia-smi, modprobe, rmmod and
+nvidia-persistenced. Each refuses to run on a host that is not a simulated node.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from . import node, profiles, smi
+
+REAL_MODPROBE = "/usr/sbin/modprobe"
+
+
+def _driver_view(prof: profiles.Profile) -> smi.DriverView | None:
+    loaded = node.loaded_driver()
+    if loaded is None:
+        return None
+    return smi.DriverView(
+        version=loaded["version"],
+        cuda_version=prof.cuda_version(loaded["version"]),
+        persistence=node.persistence_enabled(),
+    )
+
+
+def nvidia_smi(argv: Sequence[str]) -> int:
+    prof = node.profile()
+    driver = _driver_view(prof)
+    if driver is None:
+        # Installed but not loaded: let the genuine binary fail in its own words.
+        real = node.real_binary("/usr/lib/nvidia/current/nvidia-smi")
+        if real:
+            os.execv(real, ["nvidia-smi", *argv])
+    out, err, rc = smi.run(argv, prof, driver)
+    sys.stdout.write(out)
+    sys.stderr.write(err)
+    return rc
+
+
+def _is_nvidia_module(name: str) -> bool:
+    return name in node.MODULE_ALIASES
+
+
+def modprobe(argv: Sequence[str]) -> int:
+    remove = any(a in ("-r", "--remove") for a in argv)
+    quiet = any(a in ("-q", "--quiet") for a in argv)
+    names = [a for a in argv if not a.startswith("-")]
+    if not names or not all(_is_nvidia_module(n) for n in names):
+        # Not ours: the real modprobe (it will find no modules for the host kernel).
+        os.execv(REAL_MODPROBE, ["modprobe", *argv])
+    try:
+        for name in names:
+            if remove:
+                node.unload_module(name)
+            else:
+                node.load_module(name)
+                if "=" in " ".join(argv):
+                    break  # module parameters follow the module name
+    except node.ModuleError as exc:
+        if not quiet:
+            print(exc, file=sys.stderr)
+        return 1
+    return 0
+
+
+def rmmod(argv: Sequence[str]) -> int:
+    names = [a for a in argv if not a.startswith("-")]
+    if names and all(_is_nvidia_module(n) for n in names):
+        try:
+            for name in names:
+                node.unload_module(name)
+        except node.ModuleError as exc:
+            print(str(exc).replace("modprobe: FATAL: Module", "rmmod: ERROR: Module"),
+                  file=sys.stderr)
+            return 1
+        return 0
+    os.execv("/usr/sbin/rmmod", ["rmmod", *argv])
+
+
+PERSISTENCED_PIDFILE = Path("/var/run/nvidia-persistenced/nvidia-persistenced.pid")
+
+
+def persistenced(argv: Sequence[str]) -> int:
+    """Daemonise like nvidia-persistenced and hold persistence mode on while running."""
+    if node.loaded_driver() is None:
+        real = node.real_binary("/usr/bin/nvidia-persistenced")
+        if real:
+            os.execv(real, ["nvidia-persistenced", *argv])
+        print("nvidia-persistenced failed to initialize. Check syslog for more details.",
+              file=sys.stderr)
+        return 1
+    if os.fork() > 0:
+        # Parent of a Type=forking service: return once the pid file is written.
+        for _ in range(50):
+            if PERSISTENCED_PIDFILE.exists():
+                return 0
+            time.sleep(0.1)
+        return 1
+    os.setsid()
+    flag = node.RUN / "persistence-mode"
+
+    def stop(_signum: int, _frame: object) -> None:
+        flag.unlink(missing_ok=True)
+        PERSISTENCED_PIDFILE.unlink(missing_ok=True)
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    flag.touch()
+    PERSISTENCED_PIDFILE.parent.mkdir(parents=True, exist_ok=True)
+    PERSISTENCED_PIDFILE.write_text(f"{os.getpid()}\n")
+    while True:
+        signal.pause()
+
+
+def _status() -> dict[str, object]:
+    prof = node.profile()
+    installed = node.installed_driver(prof)
+    return {
+        "node": node.node_name(),
+        "profile": prof.name,
+        "description": prof.description,
+        "gpus": len(prof.gpus),
+        "nvswitches": len(prof.nvswitches),
+        "sysfs_root": str(node.SYS),
+        "driver_installed": installed.__dict__ if installed else None,
+        "driver_loaded": node.loaded_driver(),
+        "nouveau_loaded": node.loaded("nouveau"),
+        "persistence_mode": node.persistence_enabled(),
+    }
+
+
+def _drift(args: argparse.Namespace) -> int:
+    if args.kind == "edit-file":
+        path = Path(args.target)
+        with path.open("a", encoding="utf-8") as handle:
+            handle.write(args.text + "\n")
+        return 0
+    if args.kind == "stop-service":
+        return subprocess.run(["systemctl", "stop", args.target], check=False).returncode
+    if args.kind == "remove-package":
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        return subprocess.run(
+            ["apt-get", "remove", "-y", "--allow-change-held-packages", args.target],
+            check=False, env=env,
+        ).returncode
+    if args.kind == "driver-version":
+        node.set_loaded_version(args.target)
+        return 0
+    raise AssertionError(args.kind)
+
+
+def gpusim(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="gpusim", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("boot", help="lay out the simulated hardware (run at boot)")
+    sub.add_parser("sync", help="place simulated driver binaries (dpkg post-invoke hook)")
+    status = sub.add_parser("status", help="what is simulated on this node")
+    status.add_argument("--json", action="store_true")
+    load = sub.add_parser("load", help="load a simulated module")
+    load.add_argument("module")
+    unload = sub.add_parser("unload", help="unload a simulated module")
+    unload.add_argument("module")
+    drift = sub.add_parser("drift", help="inject drift for tests")
+    drift.add_argument("kind", choices=["edit-file", "stop-service", "remove-package",
+                                        "driver-version"])
+    drift.add_argument("target", help="file, unit, package or driver version")
+    drift.add_argument("--text", default="# drift injected by gpusim",
+                       help="line appended by edit-file")
+    args = parser.parse_args(argv)
+
+    if args.command == "boot":
+        prof = node.boot()
+        print(f"gpusim: {node.node_name()} boots as profile {prof.name} ({prof.description})")
+        return 0
+    if args.command == "sync":
+        node.link_driver_binaries()
+        return 0
+    if args.command == "status":
+        data = _status()
+        if args.json:
+            print(json.dumps(data, indent=2, sort_keys=True))
+        else:
+            for key, value in data.items():
+                print(f"{key}: {value}")
+        return 0
+    try:
+        if args.command == "load":
+            node.load_module(args.module)
+            return 0
+        if args.command == "unload":
+            node.unload_module(args.module)
+            return 0
+        return _drift(args)
+    except node.ModuleError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+
+
+ENTRY_POINTS = {
+    "gpusim": gpusim,
+    "nvidia-smi": nvidia_smi,
+    "modprobe": modprobe,
+    "rmmod": rmmod,
+    "nvidia-persistenced": persistenced,
+}
+
+
+def main() -> int:
+    name = Path(sys.argv[0]).name
+    entry = ENTRY_POINTS.get(name, gpusim)
+    try:
+        node.require_simulated_node()
+    except node.NotASimulatedNode as exc:
+        print(exc, file=sys.stderr)
+        return 127
+    try:
+        return entry(sys.argv[1:])
+    except profiles.ProfileError as exc:
+        print(f"gpusim: {exc}", file=sys.stderr)
+        return 1
