@@ -103,13 +103,18 @@ def image_tag() -> str:
 def build_image(mirror: str) -> str:
     tag = image_tag()
     if podman("image", "exists", tag, check=False).returncode == 0:
-        print(f"image {tag} is up to date")
         return tag
-    print(f"building image {tag} (debootstrap from {mirror}; about a minute)")
+    print(f"building image {tag} (debootstrap from {mirror}; about a minute)", file=sys.stderr)
     CACHE.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=CACHE, prefix="rootfs-") as work:
         rootfs = Path(work) / "rootfs"
-        _run(["bash", str(IMAGE_RECIPE), str(rootfs), str(KIT_DIR), mirror], capture=False)
+        log = CACHE / "image-build.log"
+        with log.open("w") as handle:
+            built = subprocess.run(["bash", str(IMAGE_RECIPE), str(rootfs), str(KIT_DIR), mirror],
+                                   stdout=handle, stderr=subprocess.STDOUT, check=False)
+        if built.returncode != 0:
+            tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-20:])
+            raise FleetError(f"image recipe failed ({built.returncode}); end of {log}:\n{tail}")
         tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
         imported = subprocess.run(
             ["podman", "import", "--change", "CMD=/sbin/init", "-", tag],
@@ -118,7 +123,7 @@ def build_image(mirror: str) -> str:
         if imported.returncode != 0 or tar.returncode != 0:
             raise FleetError(f"podman import failed: {imported.stderr.strip()}")
     podman("tag", tag, f"{IMAGE_NAME}:latest")
-    print(f"built {tag}")
+    print(f"built {tag}", file=sys.stderr)
     return tag
 
 

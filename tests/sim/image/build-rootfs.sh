@@ -64,3 +64,6 @@ echo 'post-invoke=test ! -x /opt/gpusim/bin/gpusim || /opt/gpusim/bin/gpusim syn
 
 chroot "$rootfs" apt-get clean
 rm -rf "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/cache/apt/*.bin
+# No package lists ship in the image: make them look stale, so that apt's
+# "update if older than N seconds" logic (and Ansible's cache_valid_time) updates.
+touch -d @0 "$rootfs/var/lib/apt/lists"

@@ -21,6 +21,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -224,5 +225,5 @@ def build(source_dir: Path, out: Path) -> Path:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    print(f"built the local package repository in {out}")
+    print(f"built the local package repository in {out}", file=sys.stderr)
     return out

@@ -1,0 +1,72 @@
+# gpufleet: the two commands that matter are
+#   make demo   set everything up, start the simulated fleet, run the main job on it
+#   make test   set everything up and run the whole test suite (what CI runs)
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(CURDIR)/$(VENV)/bin
+FLEET := $(BIN)/python tests/sim/fleet.py
+INVENTORY ?= inventories/sim
+
+# Podman is configured through this file, never through /etc/containers.
+export CONTAINERS_CONF := $(CURDIR)/tests/sim/containers.conf
+export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+export PATH := $(BIN):$(PATH)
+export ANSIBLE_FORCE_COLOR ?= 0
+
+.PHONY: help deps venv image repo fleet fleet-down fleet-status demo test lint unit molecule clean
+
+help:
+	@echo "make demo    start the simulated GPU fleet and run the main job on it"
+	@echo "make test    run lint, unit tests and molecule scenarios (what CI runs)"
+	@echo "make fleet | fleet-status | fleet-down | lint | unit | molecule | clean"
+
+deps:
+	@bash tests/sim/host-deps.sh
+
+$(VENV)/.installed: pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	@touch $@
+
+venv: deps $(VENV)/.installed
+
+image: venv
+	@$(FLEET) image
+
+repo: venv
+	@$(FLEET) repo
+
+fleet: image repo
+	@$(FLEET) up -i $(INVENTORY)
+
+fleet-status: venv
+	@$(FLEET) status
+
+fleet-down: venv
+	@$(FLEET) down
+
+demo: fleet
+	ansible-playbook site.yml -i $(INVENTORY)
+
+lint: venv
+	yamllint --strict .
+	ansible-lint
+	ruff check src tests collections
+	ruff format --check src tests collections
+	mypy
+
+unit: venv
+	pytest
+
+molecule: image repo
+	GPUSIM_IMAGE=$$($(FLEET) image) GPUFLEET_REPO=$$($(FLEET) repo) molecule test --all
+
+test: lint unit molecule
+
+clean: fleet-down
+	rm -rf .cache

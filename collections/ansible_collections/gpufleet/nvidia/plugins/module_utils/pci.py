@@ -1,0 +1,93 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet developers
+# Apache License 2.0 (see the repository's LICENSE)
+"""Find NVIDIA GPUs and NVSwitches in a sysfs tree.
+
+Reads <sysfs_root>/bus/pci/devices/*/{vendor,device,class,numa_node,driver}, the
+same files lspci and node-feature-discovery read. `sysfs_root` is /sys on a host;
+another root lets the same code read a host sysfs mounted elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+
+NVIDIA_VENDOR = 0x10DE
+# PCI base class 0x03 (display): subclass 0x00 VGA-compatible, 0x02 3D controller.
+GPU_CLASSES = (0x0300, 0x0302)
+# NVSwitch chips enumerate as "bridge, other" (class 0x0680).
+NVSWITCH_CLASS = 0x0680
+
+
+@dataclass(frozen=True)
+class PciDevice:
+    address: str
+    vendor: int
+    device: int
+    class_code: int  # the 24-bit class register
+    numa_node: int
+    driver: str | None
+
+    @property
+    def base_class(self) -> int:
+        return self.class_code >> 8
+
+    def as_dict(self) -> dict[str, object]:
+        data = asdict(self)
+        data["vendor"] = f"0x{self.vendor:04x}"
+        data["device"] = f"0x{self.device:04x}"
+        data["class_code"] = f"0x{self.class_code:06x}"
+        return data
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="ascii") as handle:
+            return handle.read().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _hex(value: str | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        return int(value, 16)
+    except ValueError:
+        return None
+
+
+def scan(sysfs_root: str) -> list[PciDevice]:
+    """Every PCI device under `sysfs_root`, sorted by address."""
+    base = os.path.join(sysfs_root, "bus", "pci", "devices")
+    try:
+        addresses = sorted(os.listdir(base))
+    except FileNotFoundError:
+        return []
+    devices = []
+    for address in addresses:
+        path = os.path.join(base, address)
+        vendor = _hex(_read(os.path.join(path, "vendor")))
+        device = _hex(_read(os.path.join(path, "device")))
+        class_code = _hex(_read(os.path.join(path, "class")))
+        if vendor is None or device is None or class_code is None:
+            continue
+        numa_text = _read(os.path.join(path, "numa_node"))
+        try:
+            numa_node = int(numa_text) if numa_text is not None else -1
+        except ValueError:
+            numa_node = -1
+        driver_link = os.path.join(path, "driver")
+        driver = os.path.basename(os.readlink(driver_link)) if os.path.islink(driver_link) \
+            else None
+        devices.append(PciDevice(address, vendor, device, class_code, numa_node, driver))
+    return devices
+
+
+def nvidia_gpus(devices: list[PciDevice]) -> list[PciDevice]:
+    return [d for d in devices if d.vendor == NVIDIA_VENDOR and d.base_class in GPU_CLASSES]
+
+
+def nvswitches(devices: list[PciDevice]) -> list[PciDevice]:
+    return [d for d in devices if d.vendor == NVIDIA_VENDOR and d.base_class == NVSWITCH_CLASS]

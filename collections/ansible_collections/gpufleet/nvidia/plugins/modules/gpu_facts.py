@@ -1,0 +1,243 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet developers
+# Apache License 2.0 (see the repository's LICENSE)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: gpu_facts
+short_description: Discover NVIDIA GPUs, NVSwitches and the driver state of a node
+version_added: 0.1.0
+description:
+  - Reads the PCI devices under I(sysfs_root) to find NVIDIA GPUs (PCI class 0x0300 or
+    0x0302) and NVSwitch chips (class 0x0680).
+  - Reports whether an NVIDIA kernel module is absent, installed or loaded, which
+    version and type (open or proprietary), and whether a package installed it.
+  - When the driver is loaded, asks C(nvidia-smi) for names, UUIDs, memory, MIG and
+    persistence modes and the CUDA version; otherwise names GPUs from a PCI
+    device-id table.
+  - Computes the label set GPU Feature Discovery would publish for the node.
+  - Reads only; changes nothing, so it is safe in check mode.
+options:
+  sysfs_root:
+    description:
+      - Root of the sysfs tree to read. C(/sys) on a host; another path reads a host
+        sysfs mounted elsewhere.
+    type: path
+    default: /sys
+  query_driver:
+    description:
+      - Call C(nvidia-smi) when the nvidia module is loaded.
+    type: bool
+    default: true
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+  facts:
+    support: full
+author:
+  - gpufleet developers
+"""
+
+EXAMPLES = r"""
+- name: Discover the node's GPUs
+  gpufleet.nvidia.gpu_facts:
+
+- name: Read a host sysfs mounted at /host/sys
+  gpufleet.nvidia.gpu_facts:
+    sysfs_root: /host/sys
+
+- name: Show the node's GPU labels
+  ansible.builtin.debug:
+    var: ansible_facts.gpufleet.labels
+"""
+
+RETURN = r"""
+ansible_facts:
+  description: Facts under the key C(gpufleet).
+  returned: always
+  type: dict
+  contains:
+    gpufleet:
+      description: GPU discovery results.
+      type: dict
+      contains:
+        gpu_count:
+          description: Number of NVIDIA GPUs on the PCI bus.
+          type: int
+          sample: 8
+        gpus:
+          description: One entry per GPU (PCI address, device id, name, memory in MiB,
+            NUMA node, compute capability, family, MIG mode, UUID when the driver answers).
+          type: list
+          elements: dict
+        nvswitch_count:
+          description: Number of NVSwitch chips on the PCI bus.
+          type: int
+          sample: 4
+        driver:
+          description: C(state) (absent, installed, loaded), C(version), C(module_type)
+            (open, proprietary), C(installed_by) (package, other), C(package).
+          type: dict
+        cuda_version:
+          description: CUDA version the loaded driver supports, when it answers.
+          type: str
+          sample: "12.2"
+        persistence_mode:
+          description: True when every GPU is in persistence mode; null when unknown.
+          type: bool
+        nouveau_loaded:
+          description: Whether the nouveau module is loaded.
+          type: bool
+        secure_boot:
+          description: C(enabled), C(disabled) or C(unsupported) (no EFI).
+          type: str
+        os:
+          description: C(id), C(version_id) and C(kernel) of the node.
+          type: dict
+        container_runtimes:
+          description: Container runtime daemons installed (containerd, dockerd, crio).
+          type: list
+          elements: str
+        labels:
+          description: GPU Feature Discovery style labels (C(nvidia.com/...)).
+          type: dict
+          sample: {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": "8"}
+        smi_error:
+          description: Why nvidia-smi gave no answer although the module is loaded.
+          type: str
+"""
+
+import os
+import platform
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import discovery, pci, smi
+
+
+def _read(path, mode="r"):
+    try:
+        with open(path, mode) as handle:
+            return handle.read()
+    except OSError:
+        return None
+
+
+def _os_release():
+    data = {}
+    for line in (_read("/etc/os-release") or "").splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            data[key] = value.strip().strip('"')
+    return {"id": data.get("ID"), "version_id": data.get("VERSION_ID"),
+            "kernel": platform.release()}
+
+
+def _installed_driver(module):
+    dpkg_query = module.get_bin_path("dpkg-query")
+    if dpkg_query:
+        rc, out, _ = module.run_command(
+            [dpkg_query, "-W", "-f=" + discovery.DPKG_QUERY_FORMAT.replace("\\n", "\n"),
+             *discovery.DPKG_DRIVER_PATTERNS])
+        found = discovery.installed_from_dpkg(out)
+        if found:
+            return found
+    rpm = module.get_bin_path("rpm")
+    if rpm:
+        rc, out, _ = module.run_command(
+            [rpm, "-qa", "--qf", "%{NAME}|%{VERSION}\n", *discovery.RPM_DRIVER_PATTERNS])
+        found = discovery.installed_from_rpm(out)
+        if found:
+            return found
+    modinfo = module.get_bin_path("modinfo")
+    if modinfo:
+        rc, out, _ = module.run_command([modinfo, "-F", "version", "nvidia"])
+        if rc == 0 and out.strip():
+            return {"version": out.strip(), "module_type": None, "installed_by": "other",
+                    "package": None}
+    return None
+
+
+def _query_smi(module):
+    """(csv rows, xml facts, error) from nvidia-smi."""
+    binary = module.get_bin_path("nvidia-smi")
+    if not binary:
+        return None, None, "nvidia-smi is not installed"
+    rc, out, err = module.run_command([binary, *smi.query_args()])
+    if rc != 0:
+        return None, None, f"nvidia-smi exited {rc}: {(out or err).strip()}"
+    rows = smi.parse_query_csv(out)
+    rc, out, err = module.run_command([binary, "-q", "-x"])
+    if rc != 0:
+        return rows, None, f"nvidia-smi -q -x exited {rc}: {(out or err).strip()}"
+    return rows, smi.parse_query_xml(out), None
+
+
+def gather(module, sysfs_root, query_driver):
+    devices = pci.scan(sysfs_root)
+    gpus = pci.nvidia_gpus(devices)
+    switches = pci.nvswitches(devices)
+    module_dir = os.path.join(sysfs_root, "module")
+    loaded_version = (_read(os.path.join(module_dir, "nvidia", "version")) or "").strip() or None
+    taint = _read(os.path.join(module_dir, "nvidia", "taint"))
+    installed = _installed_driver(module) if gpus else None
+    driver = discovery.driver_facts(loaded_version, taint.strip() if taint else None, installed)
+
+    rows = xml = None
+    smi_error = None
+    if gpus and loaded_version and query_driver:
+        try:
+            rows, xml, smi_error = _query_smi(module)
+        except smi.SmiParseError as exc:
+            smi_error = str(exc)
+    gpu_list = discovery.gpu_list(gpus, rows, xml)
+    cuda_version = (xml or {}).get("cuda_version")
+    persistence = [g["persistence_mode"] for g in gpu_list if g["persistence_mode"] is not None]
+
+    efi_dir = os.path.join(sysfs_root, "firmware", "efi")
+    efivar = _read(os.path.join(efi_dir, "efivars", f"SecureBoot-{discovery.EFI_GLOBAL_GUID}"),
+                   "rb")
+    runtimes = [name for name in ("containerd", "dockerd", "crio")
+                if module.get_bin_path(name)]
+    facts = {
+        "sysfs_root": sysfs_root,
+        "gpu_count": len(gpus),
+        "gpus": gpu_list,
+        "nvswitch_count": len(switches),
+        "nvswitches": [s.as_dict() for s in switches],
+        "driver": driver,
+        "cuda_version": cuda_version,
+        "persistence_mode": all(persistence) if persistence else None,
+        "nouveau_loaded": os.path.isdir(os.path.join(module_dir, "nouveau")),
+        "secure_boot": discovery.secure_boot_state(efivar, os.path.isdir(efi_dir)),
+        "os": _os_release(),
+        "container_runtimes": runtimes,
+        "labels": discovery.labels(gpu_list, driver, cuda_version),
+    }
+    if smi_error:
+        facts["smi_error"] = smi_error
+    return facts
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "sysfs_root": {"type": "path", "default": "/sys"},
+            "query_driver": {"type": "bool", "default": True},
+        },
+        supports_check_mode=True,
+    )
+    sysfs_root = module.params["sysfs_root"]
+    if not os.path.isdir(os.path.join(sysfs_root, "bus", "pci")):
+        module.fail_json(msg=f"sysfs_root={sysfs_root!r} has no bus/pci directory; "
+                             "expected the root of a sysfs tree such as /sys")
+    facts = gather(module, sysfs_root, module.params["query_driver"])
+    module.exit_json(changed=False, ansible_facts={"gpufleet": facts})
+
+
+if __name__ == "__main__":
+    main()
