@@ -1,0 +1,7 @@
+"""gpufleet's reconcile loop (python -m runner).
+
+Layers, top to bottom: CLI -> reconcile loop -> Ansible adapter -> state store.
+Lower layers never import higher ones.
+"""
+
+__version__ = "0.1.0"

@@ -59,22 +59,26 @@ class NodeSpec:
     profile: str
 
 
-def _run(cmd: Sequence[str], *, check: bool = True, capture: bool = True,
-         timeout: float | None = None) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(list(cmd), text=True, capture_output=capture, check=False,
-                            timeout=timeout)
+def _run(
+    cmd: Sequence[str], *, check: bool = True, capture: bool = True, timeout: float | None = None
+) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        list(cmd), text=True, capture_output=capture, check=False, timeout=timeout
+    )
     if check and result.returncode != 0:
         detail = (result.stderr or result.stdout or "").strip()
         raise FleetError(f"{' '.join(cmd[:3])} … failed ({result.returncode}): {detail}")
     return result
 
 
-def podman(*args: str, check: bool = True, timeout: float | None = None
-           ) -> subprocess.CompletedProcess[str]:
+def podman(
+    *args: str, check: bool = True, timeout: float | None = None
+) -> subprocess.CompletedProcess[str]:
     return _run(["podman", *args], check=check, timeout=timeout)
 
 
 # --- content hashes -------------------------------------------------------------
+
 
 def tree_hash(paths: Iterable[Path]) -> str:
     """Hash of file names and contents (and symlink targets), order-independent."""
@@ -110,15 +114,23 @@ def build_image(mirror: str) -> str:
         rootfs = Path(work) / "rootfs"
         log = CACHE / "image-build.log"
         with log.open("w") as handle:
-            built = subprocess.run(["bash", str(IMAGE_RECIPE), str(rootfs), str(KIT_DIR), mirror],
-                                   stdout=handle, stderr=subprocess.STDOUT, check=False)
+            built = subprocess.run(
+                ["bash", str(IMAGE_RECIPE), str(rootfs), str(KIT_DIR), mirror],
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                check=False,
+            )
         if built.returncode != 0:
             tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-20:])
             raise FleetError(f"image recipe failed ({built.returncode}); end of {log}:\n{tail}")
         tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
         imported = subprocess.run(
             ["podman", "import", "--change", "CMD=/sbin/init", "-", tag],
-            stdin=tar.stdout, capture_output=True, text=True, check=False)
+            stdin=tar.stdout,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         tar.wait()
         if imported.returncode != 0 or tar.returncode != 0:
             raise FleetError(f"podman import failed: {imported.stderr.strip()}")
@@ -139,6 +151,7 @@ def build_repo() -> Path:
 
 
 # --- nodes ----------------------------------------------------------------------
+
 
 def inventory_nodes(inventory: Path) -> list[NodeSpec]:
     """Hosts of a simulated-fleet inventory, with their `gpusim_profile` host variable."""
@@ -163,12 +176,14 @@ def running_nodes() -> list[dict[str, str]]:
     nodes = []
     for item in json.loads(out or "[]"):
         labels = item.get("Labels") or {}
-        nodes.append({
-            "name": item["Names"][0],
-            "profile": labels.get(f"{LABEL}.profile", "?"),
-            "state": item.get("State", "?"),
-            "image": item.get("Image", "?"),
-        })
+        nodes.append(
+            {
+                "name": item["Names"][0],
+                "profile": labels.get(f"{LABEL}.profile", "?"),
+                "state": item.get("State", "?"),
+                "image": item.get("Image", "?"),
+            }
+        )
     return sorted(nodes, key=lambda n: n["name"])
 
 
@@ -191,21 +206,35 @@ def start_node(spec: NodeSpec, tag: str, repo: Path) -> None:
     if existing:
         inspect = json.loads(podman("inspect", spec.name).stdout)[0]
         labels = inspect["Config"].get("Labels") or {}
-        if (labels.get(f"{LABEL}.profile") == spec.profile
-                and labels.get(f"{LABEL}.repo") == repo_hash
-                and inspect.get("ImageName") == tag):
+        if (
+            labels.get(f"{LABEL}.profile") == spec.profile
+            and labels.get(f"{LABEL}.repo") == repo_hash
+            and inspect.get("ImageName") == tag
+        ):
             if not inspect["State"]["Running"]:
                 podman("start", spec.name)
             return
         podman("rm", "-f", "-t", "0", spec.name)
     podman(
-        "run", "-d", "--name", spec.name, "--hostname", spec.name,
+        "run",
+        "-d",
+        "--name",
+        spec.name,
+        "--hostname",
+        spec.name,
         "--systemd=always",
-        "--label", f"{LABEL}=1", "--label", f"{LABEL}.profile={spec.profile}",
-        "--label", f"{LABEL}.repo={repo_hash}",
-        "--env", f"GPUSIM_PROFILE={spec.profile}",
-        "--volume", f"{repo}:{REPO_MOUNT}:ro",
-        tag, "/sbin/init",
+        "--label",
+        f"{LABEL}=1",
+        "--label",
+        f"{LABEL}.profile={spec.profile}",
+        "--label",
+        f"{LABEL}.repo={repo_hash}",
+        "--env",
+        f"GPUSIM_PROFILE={spec.profile}",
+        "--volume",
+        f"{repo}:{REPO_MOUNT}:ro",
+        tag,
+        "/sbin/init",
     )
 
 
@@ -261,17 +290,20 @@ def _parse_node(value: str) -> NodeSpec:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="fleet.py", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--mirror", default=os.environ.get("GPUFLEET_DEBIAN_MIRROR",
-                                                           DEFAULT_MIRROR))
+    parser = argparse.ArgumentParser(
+        prog="fleet.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--mirror", default=os.environ.get("GPUFLEET_DEBIAN_MIRROR", DEFAULT_MIRROR)
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("image", help="build the node image if its recipe changed; print its tag")
     sub.add_parser("repo", help="build the local signed package repository")
     start = sub.add_parser("up", help="start nodes (default: the hosts of inventories/sim)")
     start.add_argument("-i", "--inventory", type=Path, default=DEFAULT_INVENTORY)
-    start.add_argument("--node", action="append", type=_parse_node, default=[],
-                       metavar="NAME=PROFILE")
+    start.add_argument(
+        "--node", action="append", type=_parse_node, default=[], metavar="NAME=PROFILE"
+    )
     start.add_argument("--count", type=int, help="start COUNT nodes of --profile")
     start.add_argument("--profile", default="t4-1")
     start.add_argument("--prefix", default="sim-node")
@@ -294,8 +326,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(build_repo())
         elif args.command == "up":
             if args.count:
-                specs = [NodeSpec(f"{args.prefix}{i:02d}", args.profile)
-                         for i in range(1, args.count + 1)]
+                specs = [
+                    NodeSpec(f"{args.prefix}{i:02d}", args.profile)
+                    for i in range(1, args.count + 1)
+                ]
             elif args.node:
                 specs = args.node
             else:
@@ -307,16 +341,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             down(args.names)
         elif args.command == "list":
             for node in running_nodes():
-                print(f"{node['name']:<20} {node['profile']:<20} {node['state']:<10} "
-                      f"{node['image']}")
+                print(
+                    f"{node['name']:<20} {node['profile']:<20} {node['state']:<10} {node['image']}"
+                )
         elif args.command == "status":
             for node in running_nodes():
                 print(json.dumps(node_status(node["name"]), sort_keys=True))
         elif args.command == "reboot":
             reboot(args.name)
         elif args.command == "drift":
-            result = podman("exec", args.name, "/opt/gpusim/bin/gpusim", "drift",
-                            *args.drift_args, check=False)
+            result = podman(
+                "exec", args.name, "/opt/gpusim/bin/gpusim", "drift", *args.drift_args, check=False
+            )
             sys.stdout.write(result.stdout)
             sys.stderr.write(result.stderr)
             return result.returncode

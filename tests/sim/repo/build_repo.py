@@ -67,57 +67,99 @@ def packages() -> list[Package]:
         if tuple(int(part) for part in up.split(".")) >= (1, 18):
             # The CDI refresh units first ship with toolkit 1.18.
             tool_files["/lib/systemd/system/nvidia-cdi-refresh.service"] = (
-                "nvidia-cdi-refresh.service", 0o644)
+                "nvidia-cdi-refresh.service",
+                0o644,
+            )
             tool_files["/lib/systemd/system/nvidia-cdi-refresh.path"] = (
-                "nvidia-cdi-refresh.path", 0o644)
+                "nvidia-cdi-refresh.path",
+                0o644,
+            )
         result += [
-            Package("libnvidia-container1", version, TOOLKIT_REPO,
-                    "NVIDIA container runtime library (gpufleet stand-in)",
-                    files={f"{LIBDIR}/libnvidia-container.so.{up}": ("libnvidia-container.so",
-                                                                     0o644)},
-                    symlinks={f"{LIBDIR}/libnvidia-container.so.1":
-                              f"libnvidia-container.so.{up}"}),
-            Package("libnvidia-container-tools", version, TOOLKIT_REPO,
-                    "NVIDIA container runtime library, CLI (gpufleet stand-in)",
-                    depends=f"libnvidia-container1 (>= {version})",
-                    files={"/usr/bin/nvidia-container-cli": ("nvidia-container-cli", 0o755)}),
-            Package("nvidia-container-toolkit-base", version, TOOLKIT_REPO,
-                    "NVIDIA Container Toolkit base (gpufleet stand-in)",
-                    files=tool_files,
-                    conffiles=("/etc/nvidia-container-runtime/config.toml",)),
-            Package("nvidia-container-toolkit", version, TOOLKIT_REPO,
-                    "NVIDIA Container Toolkit (gpufleet stand-in)",
-                    depends=(f"nvidia-container-toolkit-base (= {version}), "
-                             f"libnvidia-container-tools (>= {version}), "
-                             "libnvidia-container-tools (<< 2.0.0)"),
-                    files={"/usr/bin/nvidia-container-runtime-hook":
-                           ("nvidia-container-runtime-hook", 0o755)}),
+            Package(
+                "libnvidia-container1",
+                version,
+                TOOLKIT_REPO,
+                "NVIDIA container runtime library (gpufleet stand-in)",
+                files={f"{LIBDIR}/libnvidia-container.so.{up}": ("libnvidia-container.so", 0o644)},
+                symlinks={f"{LIBDIR}/libnvidia-container.so.1": f"libnvidia-container.so.{up}"},
+            ),
+            Package(
+                "libnvidia-container-tools",
+                version,
+                TOOLKIT_REPO,
+                "NVIDIA container runtime library, CLI (gpufleet stand-in)",
+                depends=f"libnvidia-container1 (>= {version})",
+                files={"/usr/bin/nvidia-container-cli": ("nvidia-container-cli", 0o755)},
+            ),
+            Package(
+                "nvidia-container-toolkit-base",
+                version,
+                TOOLKIT_REPO,
+                "NVIDIA Container Toolkit base (gpufleet stand-in)",
+                files=tool_files,
+                conffiles=("/etc/nvidia-container-runtime/config.toml",),
+            ),
+            Package(
+                "nvidia-container-toolkit",
+                version,
+                TOOLKIT_REPO,
+                "NVIDIA Container Toolkit (gpufleet stand-in)",
+                depends=(
+                    f"nvidia-container-toolkit-base (= {version}), "
+                    f"libnvidia-container-tools (>= {version}), "
+                    "libnvidia-container-tools (<< 2.0.0)"
+                ),
+                files={
+                    "/usr/bin/nvidia-container-runtime-hook": (
+                        "nvidia-container-runtime-hook",
+                        0o755,
+                    )
+                },
+            ),
         ]
     result += [
-        Package("datacenter-gpu-manager", DCGM_VERSION, CUDA_REPO,
-                "NVIDIA Data Center GPU Manager (gpufleet stand-in)",
-                files={"/usr/bin/nv-hostengine": ("nv-hostengine", 0o755),
-                       "/usr/bin/dcgmi": ("dcgmi", 0o755),
-                       "/lib/systemd/system/nvidia-dcgm.service": ("nvidia-dcgm.service",
-                                                                   0o644)}),
-        Package("dcgm-exporter", EXPORTER_VERSION, CUDA_REPO,
-                "NVIDIA DCGM exporter for Prometheus (gpufleet stand-in)",
-                depends="datacenter-gpu-manager",
-                files={"/usr/bin/dcgm-exporter": ("dcgm-exporter", 0o755),
-                       "/etc/dcgm-exporter/default-counters.csv": ("default-counters.csv",
-                                                                   0o644)},
-                conffiles=("/etc/dcgm-exporter/default-counters.csv",)),
+        Package(
+            "datacenter-gpu-manager",
+            DCGM_VERSION,
+            CUDA_REPO,
+            "NVIDIA Data Center GPU Manager (gpufleet stand-in)",
+            files={
+                "/usr/bin/nv-hostengine": ("nv-hostengine", 0o755),
+                "/usr/bin/dcgmi": ("dcgmi", 0o755),
+                "/lib/systemd/system/nvidia-dcgm.service": ("nvidia-dcgm.service", 0o644),
+            },
+        ),
+        Package(
+            "dcgm-exporter",
+            EXPORTER_VERSION,
+            CUDA_REPO,
+            "NVIDIA DCGM exporter for Prometheus (gpufleet stand-in)",
+            depends="datacenter-gpu-manager",
+            files={
+                "/usr/bin/dcgm-exporter": ("dcgm-exporter", 0o755),
+                "/etc/dcgm-exporter/default-counters.csv": ("default-counters.csv", 0o644),
+            },
+            conffiles=("/etc/dcgm-exporter/default-counters.csv",),
+        ),
     ]
     for version in FABRICMANAGER_VERSIONS:
         branch = version.split(".", 1)[0]
         result.append(
-            Package(f"nvidia-fabricmanager-{branch}", version, CUDA_REPO,
-                    "NVIDIA fabric manager for NVSwitch systems (gpufleet stand-in)",
-                    files={"/usr/bin/nv-fabricmanager": ("nv-fabricmanager", 0o755),
-                           "/lib/systemd/system/nvidia-fabricmanager.service":
-                           ("nvidia-fabricmanager.service", 0o644),
-                           "/usr/share/nvidia/nvswitch/fabricmanager.cfg":
-                           ("fabricmanager.cfg", 0o644)}))
+            Package(
+                f"nvidia-fabricmanager-{branch}",
+                version,
+                CUDA_REPO,
+                "NVIDIA fabric manager for NVSwitch systems (gpufleet stand-in)",
+                files={
+                    "/usr/bin/nv-fabricmanager": ("nv-fabricmanager", 0o755),
+                    "/lib/systemd/system/nvidia-fabricmanager.service": (
+                        "nvidia-fabricmanager.service",
+                        0o644,
+                    ),
+                    "/usr/share/nvidia/nvswitch/fabricmanager.cfg": ("fabricmanager.cfg", 0o644),
+                },
+            )
+        )
     return result
 
 
@@ -134,12 +176,14 @@ def _build_deb(pkg: Package, standins: Path, work: Path, out_dir: Path) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)
         if source == "libnvidia-container.so":
             c_file = work / f"lnc-{upstream}.c"
-            c_file.write_text((standins / "libnvidia-container.c").read_text()
-                              .replace("@VERSION@", upstream))
+            c_file.write_text(
+                (standins / "libnvidia-container.c").read_text().replace("@VERSION@", upstream)
+            )
             _run(["gcc", "-shared", "-fPIC", "-o", str(target), str(c_file)])
         else:
-            target.write_bytes((standins / source).read_bytes()
-                               .replace(b"@VERSION@", upstream.encode()))
+            target.write_bytes(
+                (standins / source).read_bytes().replace(b"@VERSION@", upstream.encode())
+            )
         target.chmod(mode)
     for path, link_target in pkg.symlinks.items():
         link = root / path.lstrip("/")
@@ -155,29 +199,58 @@ def _build_deb(pkg: Package, standins: Path, work: Path, out_dir: Path) -> None:
     ]
     if pkg.depends:
         control.append(f"Depends: {pkg.depends}")
-    control.append(f"Description: {pkg.description}\n Test fixture built by gpufleet's "
-                   "tests/sim/repo; not NVIDIA software.")
+    control.append(
+        f"Description: {pkg.description}\n Test fixture built by gpufleet's "
+        "tests/sim/repo; not NVIDIA software."
+    )
     (root / "DEBIAN" / "control").write_text("\n".join(control) + "\n")
     if pkg.conffiles:
         (root / "DEBIAN" / "conffiles").write_text("\n".join(pkg.conffiles) + "\n")
     deb = out_dir / f"{pkg.name}_{pkg.version.split(':', 1)[-1]}_amd64.deb"
-    _run(["dpkg-deb", "--root-owner-group", "-Zxz", "--build", str(root), str(deb)],
-         stdout=subprocess.DEVNULL)
+    _run(
+        ["dpkg-deb", "--root-owner-group", "-Zxz", "--build", str(root), str(deb)],
+        stdout=subprocess.DEVNULL,
+    )
 
 
 def _sign_repo(repo: Path, gnupg: Path, key_id: str) -> None:
     with (repo / "Packages").open("w") as handle:
         _run(["apt-ftparchive", "packages", "."], cwd=repo, stdout=handle)
     with (repo / "Release").open("w") as handle:
-        _run(["apt-ftparchive",
-              "-o", "APT::FTPArchive::Release::Origin=gpufleet-test-fixture",
-              "-o", "APT::FTPArchive::Release::Label=gpufleet stand-ins",
-              "release", "."], cwd=repo, stdout=handle)
+        _run(
+            [
+                "apt-ftparchive",
+                "-o",
+                "APT::FTPArchive::Release::Origin=gpufleet-test-fixture",
+                "-o",
+                "APT::FTPArchive::Release::Label=gpufleet stand-ins",
+                "release",
+                ".",
+            ],
+            cwd=repo,
+            stdout=handle,
+        )
     env = dict(os.environ, GNUPGHOME=str(gnupg))
-    _run(["gpg", "--batch", "--yes", "--local-user", key_id, "--clearsign",
-          "-o", "InRelease", "Release"], cwd=repo, env=env)
-    _run(["gpg", "--batch", "--yes", "--local-user", key_id, "-abs",
-          "-o", "Release.gpg", "Release"], cwd=repo, env=env)
+    _run(
+        [
+            "gpg",
+            "--batch",
+            "--yes",
+            "--local-user",
+            key_id,
+            "--clearsign",
+            "-o",
+            "InRelease",
+            "Release",
+        ],
+        cwd=repo,
+        env=env,
+    )
+    _run(
+        ["gpg", "--batch", "--yes", "--local-user", key_id, "-abs", "-o", "Release.gpg", "Release"],
+        cwd=repo,
+        env=env,
+    )
 
 
 def source_hash(source_dir: Path) -> str:
@@ -201,18 +274,34 @@ def build(source_dir: Path, out: Path) -> Path:
         gnupg.mkdir(mode=0o700)
         env = dict(os.environ, GNUPGHOME=str(gnupg))
         key_id = "gpufleet test repository <gpufleet-repo@localhost>"
-        _run(["gpg", "--batch", "--passphrase", "", "--quick-gen-key", key_id,
-              "ed25519", "sign", "never"], env=env, stderr=subprocess.DEVNULL)
+        _run(
+            [
+                "gpg",
+                "--batch",
+                "--passphrase",
+                "",
+                "--quick-gen-key",
+                key_id,
+                "ed25519",
+                "sign",
+                "never",
+            ],
+            env=env,
+            stderr=subprocess.DEVNULL,
+        )
         work = staging / ".work"
         work.mkdir()
         for repo in (TOOLKIT_REPO, CUDA_REPO):
             (staging / repo).mkdir(parents=True)
         for pkg in packages():
             _build_deb(pkg, standins, work, staging / pkg.repo)
-        armoured = subprocess.run(["gpg", "--armor", "--export", key_id], env=env,
-                                  check=True, capture_output=True).stdout
-        for repo, key_path in ((TOOLKIT_REPO, "libnvidia-container/gpgkey"),
-                               (CUDA_REPO, f"{CUDA_REPO}/gpgkey")):
+        armoured = subprocess.run(
+            ["gpg", "--armor", "--export", key_id], env=env, check=True, capture_output=True
+        ).stdout
+        for repo, key_path in (
+            (TOOLKIT_REPO, "libnvidia-container/gpgkey"),
+            (CUDA_REPO, f"{CUDA_REPO}/gpgkey"),
+        ):
             _sign_repo(staging / repo, gnupg, key_id)
             (staging / key_path).write_bytes(armoured)
         shutil.rmtree(work)

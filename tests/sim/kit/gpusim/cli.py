@@ -79,8 +79,9 @@ def rmmod(argv: Sequence[str]) -> int:
             for name in names:
                 node.unload_module(name)
         except node.ModuleError as exc:
-            print(str(exc).replace("modprobe: FATAL: Module", "rmmod: ERROR: Module"),
-                  file=sys.stderr)
+            print(
+                str(exc).replace("modprobe: FATAL: Module", "rmmod: ERROR: Module"), file=sys.stderr
+            )
             return 1
         return 0
     os.execv("/usr/sbin/rmmod", ["rmmod", *argv])
@@ -95,8 +96,10 @@ def persistenced(argv: Sequence[str]) -> int:
         real = node.real_binary("/usr/bin/nvidia-persistenced")
         if real:
             os.execv(real, ["nvidia-persistenced", *argv])
-        print("nvidia-persistenced failed to initialize. Check syslog for more details.",
-              file=sys.stderr)
+        print(
+            "nvidia-persistenced failed to initialize. Check syslog for more details.",
+            file=sys.stderr,
+        )
         return 1
     if os.fork() > 0:
         # Parent of a Type=forking service: return once the pid file is written.
@@ -154,7 +157,8 @@ def _drift(args: argparse.Namespace) -> int:
         env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
         return subprocess.run(
             ["apt-get", "remove", "-y", "--allow-change-held-packages", args.target],
-            check=False, env=env,
+            check=False,
+            env=env,
         ).returncode
     if args.kind == "driver-version":
         node.set_loaded_version(args.target)
@@ -174,11 +178,13 @@ def gpusim(argv: Sequence[str]) -> int:
     unload = sub.add_parser("unload", help="unload a simulated module")
     unload.add_argument("module")
     drift = sub.add_parser("drift", help="inject drift for tests")
-    drift.add_argument("kind", choices=["edit-file", "stop-service", "remove-package",
-                                        "driver-version"])
+    drift.add_argument(
+        "kind", choices=["edit-file", "stop-service", "remove-package", "driver-version"]
+    )
     drift.add_argument("target", help="file, unit, package or driver version")
-    drift.add_argument("--text", default="# drift injected by gpusim",
-                       help="line appended by edit-file")
+    drift.add_argument(
+        "--text", default="# drift injected by gpusim", help="line appended by edit-file"
+    )
     args = parser.parse_args(argv)
 
     if args.command == "boot":

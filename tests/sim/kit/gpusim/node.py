@@ -7,6 +7,7 @@ What survives a reboot is real: the dpkg database and the files on disk.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -105,14 +106,20 @@ def installed_driver(prof: profiles.Profile) -> InstalledDriver | None:
     """Which NVIDIA kernel module is installed (packages first, then a pre-installed one)."""
     try:
         out = subprocess.run(
-            ["dpkg-query", "-W", "-f=${db:Status-Abbrev}|${Package}|${Version}\n",
-             *_KMOD_PACKAGE_GLOBS],
-            capture_output=True, text=True, check=False,
+            [
+                "dpkg-query",
+                "-W",
+                "-f=${db:Status-Abbrev}|${Package}|${Version}\n",
+                *_KMOD_PACKAGE_GLOBS,
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
         ).stdout
     except FileNotFoundError:
         out = ""
     for line in out.splitlines():
-        status, package, version = (line.split("|") + ["", ""])[:3]
+        status, package, version = [*line.split("|"), "", ""][:3]
         if status.startswith("ii"):
             module_type = "open" if "open" in package else "proprietary"
             return InstalledDriver(_upstream_version(version), module_type, f"package:{package}")
@@ -125,8 +132,12 @@ def installed_driver(prof: profiles.Profile) -> InstalledDriver | None:
 
 def nouveau_blacklisted() -> bool:
     pattern = re.compile(r"^\s*blacklist\s+nouveau\s*$", re.MULTILINE)
-    for directory in ("/etc/modprobe.d", "/run/modprobe.d", "/usr/lib/modprobe.d",
-                      "/lib/modprobe.d"):
+    for directory in (
+        "/etc/modprobe.d",
+        "/run/modprobe.d",
+        "/usr/lib/modprobe.d",
+        "/lib/modprobe.d",
+    ):
         for conf in glob.glob(f"{directory}/*.conf"):
             try:
                 if pattern.search(Path(conf).read_text(encoding="utf-8", errors="replace")):
@@ -137,6 +148,7 @@ def nouveau_blacklisted() -> bool:
 
 
 # --- loaded modules, recorded in the simulated sysfs --------------------------------
+
 
 def _module_dir(name: str) -> Path:
     return SYS / "module" / name
@@ -190,15 +202,17 @@ def load_module(requested: str) -> None:
     kernel = os.uname().release
     driver = installed_driver(prof)
     if driver is None:
-        raise ModuleError(f"modprobe: FATAL: Module {requested} not found in directory "
-                          f"/lib/modules/{kernel}")
+        raise ModuleError(
+            f"modprobe: FATAL: Module {requested} not found in directory /lib/modules/{kernel}"
+        )
     if name != "nvidia":
         load_module("nvidia")
         _mark_loaded(name, driver.version, "POE" if driver.module_type == "proprietary" else "OE")
         return
     if prof.secure_boot and driver.source != "preinstalled":
-        raise ModuleError(f"modprobe: ERROR: could not insert '{requested}': "
-                          "Key was rejected by service")
+        raise ModuleError(
+            f"modprobe: ERROR: could not insert '{requested}': Key was rejected by service"
+        )
     if not prof.gpus or loaded("nouveau"):
         # The module loads only if it can bind a GPU; nouveau holding them means
         # the probe finds none.
@@ -206,8 +220,11 @@ def load_module(requested: str) -> None:
     taint = "POE" if driver.module_type == "proprietary" else "OE"
     _mark_loaded("nvidia", driver.version, taint)
     (RUN / "nvidia-module.json").write_text(
-        json.dumps({"version": driver.version, "module_type": driver.module_type,
-                    "source": driver.source}), encoding="utf-8")
+        json.dumps(
+            {"version": driver.version, "module_type": driver.module_type, "source": driver.source}
+        ),
+        encoding="utf-8",
+    )
     _bind(prof, "nvidia")
 
 
@@ -258,8 +275,9 @@ _OTHER_PCI_DEVICES = (
 )
 
 
-def _write_pci_device(address: str, vendor: int, device: int, subsystem: int,
-                      pci_class: int, numa_node: int) -> None:
+def _write_pci_device(
+    address: str, vendor: int, device: int, subsystem: int, pci_class: int, numa_node: int
+) -> None:
     bus = address.split(":")[1]
     real = SYS / "devices" / f"pci0000:{bus}" / address
     real.mkdir(parents=True, exist_ok=True)
@@ -305,26 +323,38 @@ def boot() -> profiles.Profile:
     for address, vendor, device, pci_class in _OTHER_PCI_DEVICES:
         _write_pci_device(address, vendor, device, device, pci_class, 0)
     for gpu in prof.gpus:
-        _write_pci_device(gpu.sysfs_name, profiles.NVIDIA_VENDOR, gpu.device_id,
-                          gpu.subsystem_id, gpu.pci_class, gpu.numa_node)
+        _write_pci_device(
+            gpu.sysfs_name,
+            profiles.NVIDIA_VENDOR,
+            gpu.device_id,
+            gpu.subsystem_id,
+            gpu.pci_class,
+            gpu.numa_node,
+        )
     for switch in prof.nvswitches:
-        _write_pci_device(switch.sysfs_name, profiles.NVIDIA_VENDOR, switch.device_id,
-                          switch.subsystem_id, switch.pci_class, switch.numa_node)
+        _write_pci_device(
+            switch.sysfs_name,
+            profiles.NVIDIA_VENDOR,
+            switch.device_id,
+            switch.subsystem_id,
+            switch.pci_class,
+            switch.numa_node,
+        )
     efivars = SYS / "firmware" / "efi" / "efivars"
     efivars.mkdir(parents=True, exist_ok=True)
     # 4 bytes of attributes, then the value byte.
     (efivars / f"SecureBoot-{EFI_GLOBAL_GUID}").write_bytes(
-        b"\x06\x00\x00\x00" + (b"\x01" if prof.secure_boot else b"\x00"))
+        b"\x06\x00\x00\x00" + (b"\x01" if prof.secure_boot else b"\x00")
+    )
     (RUN / "persistence-mode").unlink(missing_ok=True)
     (RUN / "nvidia-module.json").unlink(missing_ok=True)
 
     if prof.gpus:
         driver = installed_driver(prof)
         if driver is not None and (nouveau_blacklisted() or driver.source == "preinstalled"):
-            try:
+            # A rejected module (e.g. by Secure Boot) leaves the node without a driver.
+            with contextlib.suppress(ModuleError):
                 load_module("nvidia")
-            except ModuleError:
-                pass  # e.g. Secure Boot rejects it; the node comes up without a driver
         if not loaded("nvidia") and not nouveau_blacklisted():
             load_module("nouveau")
     link_driver_binaries()
@@ -367,8 +397,7 @@ def link_driver_binaries() -> None:
     so installing or removing a driver package makes nvidia-smi appear or vanish as
     it would on a real host.
     """
-    wanted = {path: shim for path, shim in DIVERTED.items()
-              if Path(path + REAL_SUFFIX).exists()}
+    wanted = {path: shim for path, shim in DIVERTED.items() if Path(path + REAL_SUFFIX).exists()}
     if profile().preinstalled_driver is not None:
         for path, shim in PREINSTALLED_BINARIES.items():
             if not os.path.lexists(path) or _is_our_link(Path(path)):

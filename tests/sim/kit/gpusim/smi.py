@@ -102,8 +102,7 @@ def _select(gpus: Sequence[Gpu], ids: str | None) -> list[Gpu] | None:
     return chosen
 
 
-def query_gpu(gpus: Sequence[Gpu], driver: DriverView, query: str,
-              fmt: str) -> tuple[str, int]:
+def query_gpu(gpus: Sequence[Gpu], driver: DriverView, query: str, fmt: str) -> tuple[str, int]:
     names = [n.strip() for n in query.split(",") if n.strip()]
     fields = []
     for name in names:
@@ -170,8 +169,12 @@ def query_xml(gpus: Sequence[Gpu], driver: DriverView) -> str:
                 "\t\t</mig_mode>",
             ]
         else:
-            out += ["\t\t<mig_mode>", _x("current_mig", "N/A", 3), _x("pending_mig", "N/A", 3),
-                    "\t\t</mig_mode>"]
+            out += [
+                "\t\t<mig_mode>",
+                _x("current_mig", "N/A", 3),
+                _x("pending_mig", "N/A", 3),
+                "\t\t</mig_mode>",
+            ]
         if gpu.mig:
             out.append("\t\t<mig_devices>")
             for mig in gpu.mig:
@@ -232,23 +235,30 @@ def query_xml(gpus: Sequence[Gpu], driver: DriverView) -> str:
 def summary(gpus: Sequence[Gpu], driver: DriverView) -> str:
     """The default table, abridged."""
     bar = "+" + "-" * 89 + "+"
-    head = (f"| NVIDIA-SMI {driver.version:<19} Driver Version: {driver.version:<15}"
-            f" CUDA Version: {driver.cuda_version:<9}|")
+    head = (
+        f"| NVIDIA-SMI {driver.version:<19} Driver Version: {driver.version:<15}"
+        f" CUDA Version: {driver.cuda_version:<9}|"
+    )
     lines = [time.strftime("%a %b %d %H:%M:%S %Y"), bar, head, bar]
     for gpu in gpus:
-        lines.append(f"| {gpu.index:>3}  {gpu.product_name:<30} "
-                     f"{'On' if driver.persistence else 'Off':>4} | {gpu.bus_id:>16} |"
-                     f" {gpu.memory_mib:>8}MiB total |"[:92].ljust(90) + "|")
+        lines.append(
+            f"| {gpu.index:>3}  {gpu.product_name:<30} "
+            f"{'On' if driver.persistence else 'Off':>4} | {gpu.bus_id:>16} |"
+            f" {gpu.memory_mib:>8}MiB total |"[:92].ljust(90)
+            + "|"
+        )
     lines.append(bar)
     return "\n".join(lines) + "\n"
 
 
 def version_text(driver: DriverView) -> str:
     nvml = ".".join(driver.version.split(".")[:2])
-    return (f"NVIDIA-SMI version  : {driver.version}\n"
-            f"NVML version        : {nvml}\n"
-            f"DRIVER version      : {driver.version}\n"
-            f"CUDA Version        : {driver.cuda_version}\n")
+    return (
+        f"NVIDIA-SMI version  : {driver.version}\n"
+        f"NVML version        : {nvml}\n"
+        f"DRIVER version      : {driver.version}\n"
+        f"CUDA Version        : {driver.cuda_version}\n"
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -273,8 +283,12 @@ def run(argv: Sequence[str], profile: Profile, driver: DriverView | None) -> tup
     except SystemExit:
         return "", "Invalid combination of input arguments.\n", 2
     if unknown:
-        return f"Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.\n" \
-               f"(gpusim does not simulate: {' '.join(unknown)})\n", "", 2
+        return (
+            f"Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.\n"
+            f"(gpusim does not simulate: {' '.join(unknown)})\n",
+            "",
+            2,
+        )
     if args.help:
         return "NVIDIA System Management Interface (simulated by gpusim)\n", "", 0
     if args.version:

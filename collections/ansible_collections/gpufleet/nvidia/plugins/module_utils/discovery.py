@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright: gpufleet developers
 # Apache License 2.0 (see the repository's LICENSE)
 """Assemble a node's GPU facts and its GFD-style labels from what was read.
@@ -34,8 +33,9 @@ def secure_boot_state(efivar: bytes | None, efi_present: bool) -> str:
     return "enabled" if efivar[4] == 1 else "disabled"
 
 
-def driver_facts(loaded_version: str | None, taint: str | None,
-                 installed: dict[str, str] | None) -> dict[str, Any]:
+def driver_facts(
+    loaded_version: str | None, taint: str | None, installed: dict[str, str] | None
+) -> dict[str, Any]:
     """Driver state: absent | installed (not loaded) | loaded."""
     if loaded_version:
         state = "loaded"
@@ -46,20 +46,24 @@ def driver_facts(loaded_version: str | None, taint: str | None,
     else:
         state = "absent"
         version = None
-    module_type = module_type_from_taint(taint) if loaded_version and taint is not None \
+    module_type = (
+        module_type_from_taint(taint)
+        if loaded_version and taint is not None
         else (installed or {}).get("module_type")
+    )
     return {
         "state": state,
         "version": version,
         "module_type": module_type,
-        "installed_by": (installed or {}).get("installed_by") or ("other" if loaded_version
-                                                                 else None),
+        "installed_by": (installed or {}).get("installed_by")
+        or ("other" if loaded_version else None),
         "package": (installed or {}).get("package"),
     }
 
 
-def gpu_list(pci_gpus: list[PciDevice], smi_rows: list[dict[str, Any]] | None,
-             smi_xml: dict[str, Any] | None) -> list[dict[str, Any]]:
+def gpu_list(
+    pci_gpus: list[PciDevice], smi_rows: list[dict[str, Any]] | None, smi_xml: dict[str, Any] | None
+) -> list[dict[str, Any]]:
     """One entry per GPU; names from NVML when the driver answers, else from the id table."""
     by_bus: dict[str, dict[str, Any]] = {}
     for row in smi_rows or []:
@@ -82,23 +86,26 @@ def gpu_list(pci_gpus: list[PciDevice], smi_rows: list[dict[str, Any]] | None,
             compute_major, compute_minor = model.compute_major, model.compute_minor
         else:
             compute_major = compute_minor = None
-        result.append({
-            "pci_address": device.address,
-            "device_id": f"0x{device.device:04x}",
-            "numa_node": device.numa_node,
-            "bound_driver": device.driver,
-            "name": row.get("name") or (model.name if model else None),
-            "name_source": "nvml" if row.get("name") else ("pci-id-table" if model else None),
-            "uuid": row.get("uuid"),
-            "memory_mib": row.get("memory.total") or (model.memory_mib if model else None),
-            "compute_major": compute_major,
-            "compute_minor": compute_minor,
-            "family": gpu_models.family(compute_major, compute_minor or 0)
-            if compute_major is not None else None,
-            "mig_mode": row.get("mig.mode.current"),
-            "mig_devices": detail.get("mig_devices", []),
-            "persistence_mode": row.get("persistence_mode"),
-        })
+        result.append(
+            {
+                "pci_address": device.address,
+                "device_id": f"0x{device.device:04x}",
+                "numa_node": device.numa_node,
+                "bound_driver": device.driver,
+                "name": row.get("name") or (model.name if model else None),
+                "name_source": "nvml" if row.get("name") else ("pci-id-table" if model else None),
+                "uuid": row.get("uuid"),
+                "memory_mib": row.get("memory.total") or (model.memory_mib if model else None),
+                "compute_major": compute_major,
+                "compute_minor": compute_minor,
+                "family": gpu_models.family(compute_major, compute_minor or 0)
+                if compute_major is not None
+                else None,
+                "mig_mode": row.get("mig.mode.current"),
+                "mig_devices": detail.get("mig_devices", []),
+                "persistence_mode": row.get("persistence_mode"),
+            }
+        )
     return result
 
 
@@ -109,8 +116,9 @@ def label_value(text: str) -> str:
     return value[:63].strip("-_.")
 
 
-def labels(gpus: list[dict[str, Any]], driver: dict[str, Any],
-           cuda_version: str | None) -> dict[str, str]:
+def labels(
+    gpus: list[dict[str, Any]], driver: dict[str, Any], cuda_version: str | None
+) -> dict[str, str]:
     """GPU Feature Discovery's label set, computed from the facts."""
     out: dict[str, str] = {}
     if not gpus:

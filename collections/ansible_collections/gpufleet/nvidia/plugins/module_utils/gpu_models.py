@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright: gpufleet developers
 # Apache License 2.0 (see the repository's LICENSE)
 """What a GPU is when no driver can tell us: names by PCI device id.

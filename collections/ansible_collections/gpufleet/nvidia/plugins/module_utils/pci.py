@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright: gpufleet developers
 # Apache License 2.0 (see the repository's LICENSE)
 """Find NVIDIA GPUs and NVSwitches in a sysfs tree.
@@ -79,8 +78,7 @@ def scan(sysfs_root: str) -> list[PciDevice]:
         except ValueError:
             numa_node = -1
         driver_link = os.path.join(path, "driver")
-        driver = os.path.basename(os.readlink(driver_link)) if os.path.islink(driver_link) \
-            else None
+        driver = os.path.basename(os.readlink(driver_link)) if os.path.islink(driver_link) else None
         devices.append(PciDevice(address, vendor, device, class_code, numa_node, driver))
     return devices
 

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright: gpufleet developers
 # Apache License 2.0 (see the repository's LICENSE)
 """Parse nvidia-smi output: `--query-gpu ... --format=csv,noheader,nounits` and `-q -x`."""
@@ -55,7 +54,8 @@ def parse_query_csv(output: str, fields: tuple[str, ...] = QUERY_FIELDS) -> list
         if len(cells) != len(fields):
             raise SmiParseError(
                 f"nvidia-smi line {number}: expected {len(fields)} values, got {len(cells)}: "
-                f"{line!r}")
+                f"{line!r}"
+            )
         raw = dict(zip(fields, cells))
         row: dict[str, Any] = {k: _value(v) for k, v in raw.items()}
         if row.get("index") is not None:
@@ -97,28 +97,33 @@ def parse_query_xml(output: str) -> dict[str, Any]:
     for index, gpu in enumerate(root.findall("gpu")):
         mig_devices = []
         for mig in gpu.findall("mig_devices/mig_device"):
-            mig_devices.append({
-                "index": int(_text(mig, "index") or 0),
-                "gpu_instance_id": int(_text(mig, "gpu_instance_id") or 0),
-                "compute_instance_id": int(_text(mig, "compute_instance_id") or 0),
-                "memory_mib": _mib(_text(mig, "fb_memory_usage/total")),
-                "multiprocessor_count": int(
-                    _text(mig, "device_attributes/shared/multiprocessor_count") or 0),
-            })
-        gpus.append({
-            "index": index,
-            "product_name": _text(gpu, "product_name"),
-            "product_architecture": _text(gpu, "product_architecture"),
-            "uuid": _text(gpu, "uuid"),
-            "serial": _text(gpu, "serial"),
-            "pci_bus_id": gpu.get("id") or _text(gpu, "pci/pci_bus_id"),
-            "memory_mib": _mib(_text(gpu, "fb_memory_usage/total")),
-            "persistence_mode": _enabled(_text(gpu, "persistence_mode")),
-            "mig_mode": _enabled(_text(gpu, "mig_mode/current_mig")),
-            "mig_mode_pending": _enabled(_text(gpu, "mig_mode/pending_mig")),
-            "mig_devices": mig_devices,
-            "vbios_version": _text(gpu, "vbios_version"),
-        })
+            mig_devices.append(
+                {
+                    "index": int(_text(mig, "index") or 0),
+                    "gpu_instance_id": int(_text(mig, "gpu_instance_id") or 0),
+                    "compute_instance_id": int(_text(mig, "compute_instance_id") or 0),
+                    "memory_mib": _mib(_text(mig, "fb_memory_usage/total")),
+                    "multiprocessor_count": int(
+                        _text(mig, "device_attributes/shared/multiprocessor_count") or 0
+                    ),
+                }
+            )
+        gpus.append(
+            {
+                "index": index,
+                "product_name": _text(gpu, "product_name"),
+                "product_architecture": _text(gpu, "product_architecture"),
+                "uuid": _text(gpu, "uuid"),
+                "serial": _text(gpu, "serial"),
+                "pci_bus_id": gpu.get("id") or _text(gpu, "pci/pci_bus_id"),
+                "memory_mib": _mib(_text(gpu, "fb_memory_usage/total")),
+                "persistence_mode": _enabled(_text(gpu, "persistence_mode")),
+                "mig_mode": _enabled(_text(gpu, "mig_mode/current_mig")),
+                "mig_mode_pending": _enabled(_text(gpu, "mig_mode/pending_mig")),
+                "mig_devices": mig_devices,
+                "vbios_version": _text(gpu, "vbios_version"),
+            }
+        )
     return {
         "driver_version": _text(root, "driver_version"),
         "cuda_version": _text(root, "cuda_version"),

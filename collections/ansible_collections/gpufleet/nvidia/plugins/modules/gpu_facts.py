@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 # Copyright: gpufleet developers
 # Apache License 2.0 (see the repository's LICENSE)
 
@@ -116,6 +115,7 @@ import os
 import platform
 
 from ansible.module_utils.basic import AnsibleModule
+
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import discovery, pci, smi
 
 
@@ -133,23 +133,32 @@ def _os_release():
         key, sep, value = line.partition("=")
         if sep:
             data[key] = value.strip().strip('"')
-    return {"id": data.get("ID"), "version_id": data.get("VERSION_ID"),
-            "kernel": platform.release()}
+    return {
+        "id": data.get("ID"),
+        "version_id": data.get("VERSION_ID"),
+        "kernel": platform.release(),
+    }
 
 
 def _installed_driver(module):
     dpkg_query = module.get_bin_path("dpkg-query")
     if dpkg_query:
         rc, out, _ = module.run_command(
-            [dpkg_query, "-W", "-f=" + discovery.DPKG_QUERY_FORMAT.replace("\\n", "\n"),
-             *discovery.DPKG_DRIVER_PATTERNS])
+            [
+                dpkg_query,
+                "-W",
+                "-f=" + discovery.DPKG_QUERY_FORMAT.replace("\\n", "\n"),
+                *discovery.DPKG_DRIVER_PATTERNS,
+            ]
+        )
         found = discovery.installed_from_dpkg(out)
         if found:
             return found
     rpm = module.get_bin_path("rpm")
     if rpm:
         rc, out, _ = module.run_command(
-            [rpm, "-qa", "--qf", "%{NAME}|%{VERSION}\n", *discovery.RPM_DRIVER_PATTERNS])
+            [rpm, "-qa", "--qf", "%{NAME}|%{VERSION}\n", *discovery.RPM_DRIVER_PATTERNS]
+        )
         found = discovery.installed_from_rpm(out)
         if found:
             return found
@@ -157,8 +166,12 @@ def _installed_driver(module):
     if modinfo:
         rc, out, _ = module.run_command([modinfo, "-F", "version", "nvidia"])
         if rc == 0 and out.strip():
-            return {"version": out.strip(), "module_type": None, "installed_by": "other",
-                    "package": None}
+            return {
+                "version": out.strip(),
+                "module_type": None,
+                "installed_by": "other",
+                "package": None,
+            }
     return None
 
 
@@ -199,10 +212,10 @@ def gather(module, sysfs_root, query_driver):
     persistence = [g["persistence_mode"] for g in gpu_list if g["persistence_mode"] is not None]
 
     efi_dir = os.path.join(sysfs_root, "firmware", "efi")
-    efivar = _read(os.path.join(efi_dir, "efivars", f"SecureBoot-{discovery.EFI_GLOBAL_GUID}"),
-                   "rb")
-    runtimes = [name for name in ("containerd", "dockerd", "crio")
-                if module.get_bin_path(name)]
+    efivar = _read(
+        os.path.join(efi_dir, "efivars", f"SecureBoot-{discovery.EFI_GLOBAL_GUID}"), "rb"
+    )
+    runtimes = [name for name in ("containerd", "dockerd", "crio") if module.get_bin_path(name)]
     facts = {
         "sysfs_root": sysfs_root,
         "gpu_count": len(gpus),
@@ -233,8 +246,10 @@ def main():
     )
     sysfs_root = module.params["sysfs_root"]
     if not os.path.isdir(os.path.join(sysfs_root, "bus", "pci")):
-        module.fail_json(msg=f"sysfs_root={sysfs_root!r} has no bus/pci directory; "
-                             "expected the root of a sysfs tree such as /sys")
+        module.fail_json(
+            msg=f"sysfs_root={sysfs_root!r} has no bus/pci directory; "
+            "expected the root of a sysfs tree such as /sys"
+        )
     facts = gather(module, sysfs_root, module.params["query_driver"])
     module.exit_json(changed=False, ansible_facts={"gpufleet": facts})
 

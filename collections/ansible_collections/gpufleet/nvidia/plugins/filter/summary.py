@@ -1,0 +1,58 @@
+# Copyright: gpufleet developers
+# Apache License 2.0 (see the repository's LICENSE)
+"""Filters that turn gpu_facts results into words for reports."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+name: node_summary
+short_description: One line describing a node's GPUs and driver
+version_added: 0.1.0
+description:
+  - Takes the C(ansible_facts.gpufleet) dictionary that M(gpufleet.nvidia.gpu_facts)
+    returns and describes the node in one line.
+positional: _input
+options:
+  _input:
+    description: The C(gpufleet) facts of one node.
+    type: dict
+    required: true
+"""
+
+EXAMPLES = r"""
+- name: Describe the node
+  ansible.builtin.debug:
+    msg: "{{ ansible_facts.gpufleet | gpufleet.nvidia.node_summary }}"
+"""
+
+RETURN = r"""
+_value:
+  description:
+    - For example C(8x NVIDIA H100 80GB HBM3 + 4 NVSwitch; driver loaded 550.127.05 (open)).
+  type: str
+"""
+
+
+def node_summary(facts):
+    if not facts.get("gpu_count"):
+        return "not a GPU node (no NVIDIA device on the PCI bus)"
+    gpus = facts.get("gpus") or [{}]
+    name = gpus[0].get("name") or "unknown NVIDIA GPU"
+    text = f"{facts['gpu_count']}x {name}"
+    if facts.get("nvswitch_count"):
+        text += f" + {facts['nvswitch_count']} NVSwitch"
+    driver = facts.get("driver") or {}
+    text += f"; driver {driver.get('state', 'unknown')}"
+    if driver.get("version"):
+        text += f" {driver['version']}"
+    if driver.get("module_type"):
+        text += f" ({driver['module_type']})"
+    if facts.get("nouveau_loaded"):
+        text += "; nouveau loaded"
+    return text
+
+
+class FilterModule:
+    def filters(self):
+        return {"node_summary": node_summary}

@@ -1,0 +1,173 @@
+"""gpu_facts' pure logic: driver state, PCI scanning, GFD labels."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import discovery, pci, smi
+from conftest import FIXTURES
+
+
+def _device(
+    root: Path,
+    address: str,
+    vendor: str,
+    device: str,
+    pci_class: str,
+    numa: str = "0",
+    driver: str | None = None,
+) -> None:
+    path = root / "bus" / "pci" / "devices" / address
+    path.mkdir(parents=True)
+    for name, value in (
+        ("vendor", vendor),
+        ("device", device),
+        ("class", pci_class),
+        ("numa_node", numa),
+    ):
+        (path / name).write_text(value + "\n")
+    if driver:
+        target = root / "bus" / "pci" / "drivers" / driver
+        target.mkdir(parents=True, exist_ok=True)
+        (path / "driver").symlink_to(target)
+
+
+@pytest.fixture
+def sysfs(tmp_path: Path) -> Path:
+    _device(tmp_path, "0000:02:00.0", "0x1a03", "0x2000", "0x030000")  # BMC VGA
+    _device(tmp_path, "0000:18:00.0", "0x10de", "0x2330", "0x030200", "0", "nvidia")
+    _device(tmp_path, "0000:9a:00.0", "0x10de", "0x2330", "0x030200", "1", "nvidia")
+    _device(tmp_path, "0000:05:00.0", "0x10de", "0x22a3", "0x068000")
+    _device(tmp_path, "0000:4b:00.0", "0x15b3", "0x101b", "0x020700")
+    return tmp_path
+
+
+def test_scan_finds_nvidia_gpus_and_nvswitches_only(sysfs):
+    devices = pci.scan(str(sysfs))
+    gpus = pci.nvidia_gpus(devices)
+    assert [g.address for g in gpus] == ["0000:18:00.0", "0000:9a:00.0"]
+    assert [g.numa_node for g in gpus] == [0, 1]
+    assert all(g.driver == "nvidia" for g in gpus)
+    assert [s.address for s in pci.nvswitches(devices)] == ["0000:05:00.0"]
+
+
+def test_scan_of_a_missing_tree_is_empty(tmp_path):
+    assert pci.scan(str(tmp_path / "nothing")) == []
+
+
+def test_gpu_names_come_from_the_id_table_before_the_driver_loads(sysfs):
+    gpus = discovery.gpu_list(pci.nvidia_gpus(pci.scan(str(sysfs))), None, None)
+    assert gpus[0]["name"] == "NVIDIA H100 80GB HBM3"
+    assert gpus[0]["name_source"] == "pci-id-table"
+    assert gpus[0]["family"] == "hopper"
+    assert gpus[0]["uuid"] is None
+
+
+def test_labels_of_a_loaded_h100_node(sysfs):
+    rows = smi.parse_query_csv((FIXTURES / "nvidia-smi" / "h100-sxm-8.csv").read_text())
+    gpus = discovery.gpu_list(pci.nvidia_gpus(pci.scan(str(sysfs))), rows, None)
+    driver = discovery.driver_facts("550.127.05", "OE", None)
+    labels = discovery.labels(gpus, driver, "12.4")
+    assert labels == {
+        "nvidia.com/gpu.present": "true",
+        "nvidia.com/gpu.count": "2",
+        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+        "nvidia.com/gpu.memory": "81559",
+        "nvidia.com/gpu.family": "hopper",
+        "nvidia.com/gpu.compute.major": "9",
+        "nvidia.com/gpu.compute.minor": "0",
+        "nvidia.com/mig.capable": "true",
+        "nvidia.com/cuda.driver-version.full": "550.127.05",
+        "nvidia.com/cuda.driver-version.major": "550",
+        "nvidia.com/cuda.driver-version.minor": "127",
+        "nvidia.com/cuda.driver-version.revision": "05",
+        "nvidia.com/cuda.runtime-version.full": "12.4",
+        "nvidia.com/cuda.runtime-version.major": "12",
+        "nvidia.com/cuda.runtime-version.minor": "4",
+    }
+
+
+def test_a_node_without_gpus_is_labelled_not_present():
+    assert discovery.labels([], discovery.driver_facts(None, None, None), None) == {
+        "nvidia.com/gpu.present": "false"
+    }
+
+
+@pytest.mark.parametrize(
+    ("loaded", "taint", "installed", "state", "module_type", "installed_by"),
+    [
+        (None, None, None, "absent", None, None),
+        (
+            None,
+            None,
+            {
+                "version": "535.261.03",
+                "module_type": "open",
+                "installed_by": "package",
+                "package": "nvidia-open-kernel-dkms",
+            },
+            "installed",
+            "open",
+            "package",
+        ),
+        (
+            "535.261.03",
+            "POE",
+            {
+                "version": "535.261.03",
+                "module_type": "proprietary",
+                "installed_by": "package",
+                "package": "nvidia-kernel-dkms",
+            },
+            "loaded",
+            "proprietary",
+            "package",
+        ),
+        ("550.127.05", "OE", None, "loaded", "open", "other"),
+    ],
+)
+def test_driver_state(loaded, taint, installed, state, module_type, installed_by):
+    facts = discovery.driver_facts(loaded, taint, installed)
+    assert (facts["state"], facts["module_type"], facts["installed_by"]) == (
+        state,
+        module_type,
+        installed_by,
+    )
+
+
+def test_installed_driver_from_dpkg_query_output():
+    output = "un |nvidia-open-kernel-dkms|\nii |nvidia-kernel-dkms|535.261.03-1~deb12u1\n"
+    assert discovery.installed_from_dpkg(output) == {
+        "version": "535.261.03",
+        "module_type": "proprietary",
+        "installed_by": "package",
+        "package": "nvidia-kernel-dkms",
+    }
+    assert discovery.installed_from_dpkg("un |nvidia-kernel-dkms|\n") is None
+
+
+def test_installed_driver_from_rpm_query_output():
+    assert (
+        discovery.installed_from_rpm("kmod-nvidia-open-dkms|570.86.15\n")["module_type"] == "open"
+    )
+    assert discovery.installed_from_rpm("package kmod-nvidia* is not installed\n") is None
+
+
+@pytest.mark.parametrize(
+    ("efivar", "efi", "state"),
+    [
+        (b"\x06\x00\x00\x00\x01", True, "enabled"),
+        (b"\x06\x00\x00\x00\x00", True, "disabled"),
+        (None, True, "disabled"),
+        (None, False, "unsupported"),
+    ],
+)
+def test_secure_boot_state(efivar, efi, state):
+    assert discovery.secure_boot_state(efivar, efi) == state
+
+
+def test_label_values_are_valid_kubernetes_label_values():
+    assert discovery.label_value("NVIDIA A100 80GB PCIe") == "NVIDIA-A100-80GB-PCIe"
+    assert discovery.label_value("Tesla V100-SXM2-16GB (rev a1)") == "Tesla-V100-SXM2-16GB-rev-a1"

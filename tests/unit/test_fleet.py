@@ -1,0 +1,67 @@
+"""The fleet tool's pure parts: recipe hashing, node specs, generated inventories."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+import fleet
+
+
+def test_image_tag_changes_when_the_kit_changes(tmp_path, monkeypatch):
+    monkeypatch.setattr(fleet, "PROJECT", tmp_path)
+    kit = tmp_path / "kit"
+    kit.mkdir()
+    (kit / "a.py").write_text("one")
+    before = fleet.tree_hash([kit])
+    assert fleet.tree_hash([kit]) == before
+    (kit / "a.py").write_text("two")
+    assert fleet.tree_hash([kit]) != before
+    (kit / "__pycache__").mkdir()
+    (kit / "__pycache__" / "a.pyc").write_text("ignored")
+    assert fleet.tree_hash([kit]) == fleet.tree_hash([kit])
+
+
+def test_node_spec_parsing():
+    assert fleet._parse_node("gpu1=t4-1") == fleet.NodeSpec("gpu1", "t4-1")
+    with pytest.raises(argparse.ArgumentTypeError, match="NAME=PROFILE"):
+        fleet._parse_node("gpu1")
+
+
+def test_written_inventory_is_read_back_by_ansible(tmp_path):
+    specs = [fleet.NodeSpec("bench01", "t4-1"), fleet.NodeSpec("bench02", "none")]
+    path = tmp_path / "hosts.yml"
+    fleet.write_inventory(specs, path)
+    assert yaml.safe_load(path.read_text())["all"]["children"]["gpu_nodes"]["hosts"] == {
+        "bench01": {"gpusim_profile": "t4-1"},
+        "bench02": {"gpusim_profile": "none"},
+    }
+    assert fleet.inventory_nodes(path) == specs
+
+
+def test_default_inventory_lists_the_default_fleet():
+    nodes = fleet.inventory_nodes(fleet.DEFAULT_INVENTORY)
+    profiles = sorted(n.profile for n in nodes)
+    assert profiles == ["a100-pcie-2", "h100-sxm-8", "h100-sxm-8", "none", "t4-1"]
+
+
+def test_fleet_cli_reports_errors_in_words(tmp_path):
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(fleet.SIM_DIR / "fleet.py"),
+            "up",
+            "-i",
+            str(tmp_path / "missing.yml"),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert result.stderr.startswith("fleet: ")
+    assert "Traceback" not in result.stderr
