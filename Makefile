@@ -16,6 +16,8 @@ export CONTAINERS_CONF := $(CURDIR)/tests/sim/containers.conf
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(BIN):$(PATH)
 export ANSIBLE_FORCE_COLOR ?= 0
+export NO_COLOR ?= 1
+export PY_COLORS ?= 0
 
 .PHONY: help deps venv image repo fleet fleet-down fleet-status demo test lint unit molecule clean
 
@@ -63,8 +65,12 @@ lint: venv
 unit: venv
 	pytest
 
+# Scenario gpu-vm needs VMs with passthrough GPUs: only its syntax is checked here.
 molecule: image repo
-	GPUSIM_IMAGE=$$($(FLEET) image) GPUFLEET_REPO=$$($(FLEET) repo) molecule test --all
+	GPUSIM_IMAGE=$$($(FLEET) image) GPUFLEET_REPO=$$($(FLEET) repo) molecule test -s default
+	molecule syntax -s gpu-vm
+	@echo "molecule gpu-vm: converge/verify skipped: needs VMs with PCI-passthrough GPUs" \
+	  "(run: GPUFLEET_GPU_VM_INVENTORY=<file> molecule test -s gpu-vm)"
 
 test: lint unit molecule
 
