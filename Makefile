@@ -58,8 +58,8 @@ demo: fleet
 lint: venv
 	yamllint --strict .
 	ansible-lint
-	ruff check src tests collections
-	ruff format --check src tests collections
+	ruff check src tests collections molecule
+	ruff format --check src tests collections molecule
 	mypy
 
 unit: venv

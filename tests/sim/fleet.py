@@ -201,7 +201,7 @@ def wait_booted(name: str, timeout: float = BOOT_TIMEOUT) -> str:
 
 def start_node(spec: NodeSpec, tag: str, repo: Path) -> None:
     """Start a node; one whose profile, image or repository changed is recreated."""
-    repo_hash = (repo / ".source-hash").read_text().strip()
+    repo_hash = f"{(repo / '.source-hash').read_text().strip()}@{repo}"
     existing = podman("container", "exists", spec.name, check=False).returncode == 0
     if existing:
         inspect = json.loads(podman("inspect", spec.name).stdout)[0]

@@ -30,7 +30,8 @@ def _apt_update_with_key(host, key: str) -> object:
     host.run(f"echo 'deb [signed-by={key}] file:{REPO} /' > {work}/sources.list")
     return host.run(
         f"apt-get update -o Dir::Etc::SourceList={work}/sources.list "
-        f"-o Dir::Etc::SourceParts={work}/parts -o Dir::State::Lists={work}/lists")
+        f"-o Dir::Etc::SourceParts={work}/parts -o Dir::State::Lists={work}/lists"
+    )
 
 
 def test_node_is_marked_simulated_and_boots_its_profile(host):
@@ -56,8 +57,8 @@ def test_systemd_is_up_and_only_driver_dependent_units_fail(host):
 
 def test_simulated_pci_tree_has_the_profile_devices(host):
     listing = host.check_output(
-        "for d in /run/gpusim/sys/bus/pci/devices/*; do "
-        "echo $(cat $d/vendor) $(cat $d/class); done")
+        "for d in /run/gpusim/sys/bus/pci/devices/*; do echo $(cat $d/vendor) $(cat $d/class); done"
+    )
     lines = listing.splitlines()
     gpus = [line for line in lines if line == "0x10de 0x030200"]
     switches = [line for line in lines if line == "0x10de 0x068000"]
@@ -97,6 +98,16 @@ def _wait_booted(host, timeout: float = 60) -> str:
     raise AssertionError(f"{_name(host)} did not boot: {state}")
 
 
+BLACKLIST = "/etc/modprobe.d/zz-harness-test.conf"
+
+
+def _load_driver(host) -> None:
+    """Blacklist nouveau and power-cycle the node, so the installed driver loads at boot."""
+    host.run(f"echo 'blacklist nouveau' > {BLACKLIST}")
+    subprocess.run(["podman", "restart", "-t", "5", _name(host)], check=True, capture_output=True)
+    _wait_booted(host)
+
+
 def test_nvidia_smi_fails_before_and_answers_after_the_driver_loads(host):
     if not _is_gpu_node(host):
         assert not host.exists("nvidia-smi")
@@ -111,11 +122,8 @@ def test_nvidia_smi_fails_before_and_answers_after_the_driver_loads(host):
     load = host.run("modprobe nvidia")
     assert load.rc == 1 and "No such device" in load.stderr
 
-    host.run("echo 'blacklist nouveau' > /etc/modprobe.d/zz-harness-test.conf")
     try:
-        subprocess.run(["podman", "restart", "-t", "5", _name(host)], check=True,
-                       capture_output=True)
-        _wait_booted(host)
+        _load_driver(host)
         listing = host.run("nvidia-smi -L")
         assert listing.rc == 0, listing.stdout
         gpus = listing.stdout.splitlines()
@@ -123,7 +131,8 @@ def test_nvidia_smi_fails_before_and_answers_after_the_driver_loads(host):
         assert all("NVIDIA H100 80GB HBM3 (UUID: GPU-" in line for line in gpus)
         version = host.check_output("dpkg-query -W -f='${Version}' nvidia-kernel-dkms")
         reported = host.check_output(
-            "nvidia-smi --query-gpu=driver_version --format=csv,noheader").splitlines()
+            "nvidia-smi --query-gpu=driver_version --format=csv,noheader"
+        ).splitlines()
         assert set(reported) == {version.split("-")[0]}
         # The persistence daemon now starts and holds the module.
         host.run("systemctl restart nvidia-persistenced")
@@ -133,5 +142,56 @@ def test_nvidia_smi_fails_before_and_answers_after_the_driver_loads(host):
         bad = host.run("nvidia-smi --query-gpu=name,not.a.field --format=csv")
         assert bad.rc == 2 and 'Field "not.a.field" is not a valid field' in bad.stdout
     finally:
-        host.run("rm -f /etc/modprobe.d/zz-harness-test.conf")
+        host.run(f"rm -f {BLACKLIST}")
 
+
+def test_stand_in_packages_behave_like_upstream_for_the_roles(host):
+    """Toolkit, DCGM exporter and fabric manager stand-ins on a node with a loaded driver."""
+    if not _is_gpu_node(host):
+        return  # they need a GPU and a driver; the GPU node covers them
+    try:
+        if host.run("nvidia-smi -L").rc != 0:
+            _load_driver(host)
+        install = host.run(
+            "DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "
+            "nvidia-container-toolkit=1.17.8-1 nvidia-container-toolkit-base=1.17.8-1 "
+            "libnvidia-container-tools=1.17.8-1 libnvidia-container1=1.17.8-1"
+        )
+        assert install.rc == 0, install.stdout + install.stderr
+        assert "version 1.17.8" in host.check_output("nvidia-ctk --version")
+        host.check_output("nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml")
+        devices = host.check_output("nvidia-ctk cdi list").splitlines()
+        assert "nvidia.com/gpu=all" in devices
+        assert sum(1 for d in devices if d.startswith("nvidia.com/gpu=GPU-")) == 8
+
+        repo = "/srv/gpufleet-repo/cuda/repos/debian12/x86_64"
+        host.run(
+            f"cp {repo}/gpgkey /etc/apt/keyrings/cuda-test.asc && echo "
+            f"'deb [signed-by=/etc/apt/keyrings/cuda-test.asc] file:{repo} /' "
+            "> /etc/apt/sources.list.d/cuda-test.list && apt-get update -q"
+        )
+        version = host.check_output(
+            "nvidia-smi --query-gpu=driver_version --format=csv,noheader"
+        ).splitlines()[0]
+        install = host.run(
+            "DEBIAN_FRONTEND=noninteractive apt-get install -y -q dcgm-exporter "
+            f"nvidia-fabricmanager-535={version}-1"
+        )
+        assert install.rc == 0, install.stdout + install.stderr
+        host.run("systemctl start nvidia-fabricmanager")
+        assert host.service("nvidia-fabricmanager").is_running
+        host.run("systemd-run --unit=harness-exporter dcgm-exporter -a 127.0.0.1:9400")
+        metrics = ""
+        for _ in range(20):
+            metrics = host.run("curl -sf http://127.0.0.1:9400/metrics").stdout
+            if metrics:
+                break
+            time.sleep(0.5)
+        util = [m for m in metrics.splitlines() if m.startswith("DCGM_FI_DEV_GPU_UTIL{")]
+        assert len(util) == 8, metrics
+        assert all('modelName="NVIDIA H100 80GB HBM3"' in line for line in util)
+    finally:
+        host.run(
+            "systemctl stop harness-exporter nvidia-fabricmanager; "
+            "rm -f /etc/apt/sources.list.d/cuda-test.list " + BLACKLIST
+        )
