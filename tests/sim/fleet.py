@@ -223,6 +223,9 @@ def start_node(spec: NodeSpec, tag: str, repo: Path) -> None:
         "--hostname",
         spec.name,
         "--systemd=always",
+        # A reboot inside the node (shutdown -r) ends the container; podman starts it
+        # again, as a machine's firmware would.
+        "--restart=always",
         "--label",
         f"{LABEL}=1",
         "--label",

@@ -30,7 +30,8 @@ SOURCES
 rm -f "$rootfs/etc/hostname"
 : > "$rootfs/etc/machine-id"
 # Services that make no sense in a container.
-for unit in getty@tty1.service serial-getty@.service systemd-logind.service \
+# (systemd-logind stays: `shutdown -r` needs it, and a reboot must work.)
+for unit in getty@tty1.service serial-getty@.service \
             systemd-timesyncd.service apt-daily.timer apt-daily-upgrade.timer; do
   ln -sf /dev/null "$rootfs/etc/systemd/system/$unit"
 done
