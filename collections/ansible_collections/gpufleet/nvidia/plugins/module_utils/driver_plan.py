@@ -1,0 +1,257 @@
+# Copyright: gpufleet developers
+# Apache License 2.0 (see the repository's LICENSE)
+"""Which packages, from which repository, install an NVIDIA driver on a given OS.
+
+A pure function of the node's OS and the driver role's variables, so the choice can
+be tested for every supported OS without such a machine. Package names and
+repository layouts are the distributions' and NVIDIA's (see the comments per OS).
+"""
+
+from __future__ import annotations
+
+import re
+
+SUPPORTED = "Debian 12, Ubuntu 22.04/24.04, RHEL/Rocky/AlmaLinux 8/9"
+RHEL_LIKE = ("rhel", "rocky", "almalinux", "centos")
+BRANCH_RE = re.compile(r"^[0-9]{3}$")
+VERSION_RE = re.compile(r"^[0-9]{3}\.[0-9]{2,3}(\.[0-9]{2,3})?$")
+# GPUs from Turing (compute 7.5) on can run the open kernel modules; Blackwell
+# (compute 10 and 12) can run nothing else. NVIDIA made open the default from 560 on.
+OPEN_MIN_COMPUTE = (7, 5)
+OPEN_ONLY_MIN_COMPUTE_MAJOR = 10
+OPEN_DEFAULT_BRANCH = 560
+
+
+class PlanError(ValueError):
+    """The requested driver cannot be installed this way; the message says why."""
+
+
+def resolve_module_type(requested, branch, computes):
+    """open | proprietary for `requested` (open | proprietary | auto) on GPUs of `computes`.
+
+    `computes` lists (major, minor) of the node's GPUs (those known).
+    """
+    lowest = min(computes) if computes else None
+    highest = max(computes) if computes else None
+    if requested == "open":
+        if lowest is not None and lowest < OPEN_MIN_COMPUTE:
+            raise PlanError(
+                "driver_kernel_module_type: open kernel modules need a Turing or newer GPU "
+                f"(compute capability 7.5+); this node has compute {lowest[0]}.{lowest[1]}. "
+                "Use proprietary or auto."
+            )
+        return "open"
+    if requested == "proprietary":
+        if highest is not None and highest[0] >= OPEN_ONLY_MIN_COMPUTE_MAJOR:
+            raise PlanError(
+                "driver_kernel_module_type: Blackwell GPUs (compute 10+) only work with the "
+                "open kernel modules. Use open or auto."
+            )
+        return "proprietary"
+    if highest is not None and highest[0] >= OPEN_ONLY_MIN_COMPUTE_MAJOR:
+        return "open"
+    if lowest is not None and lowest >= OPEN_MIN_COMPUTE and int(branch) >= OPEN_DEFAULT_BRANCH:
+        return "open"
+    return "proprietary"
+
+
+def _pin_deb(name, version):
+    return f"{name}={version}-*" if version else name
+
+
+def _kernel_flavour(kernel):
+    """'5.15.0-91-generic' -> 'generic'."""
+    match = re.match(r"^[0-9.]+-[0-9]+-(.+)$", kernel or "")
+    return match.group(1) if match else "generic"
+
+
+def _debian(os_version, branch, version, module_type, source, base_url, mirror, kernel, fm):
+    if os_version.split(".")[0] != "12":
+        raise PlanError(f"Debian {os_version} is not supported; supported: {SUPPORTED}")
+    plan = {
+        "family": "debian",
+        "repositories": [],
+        "headers": [f"linux-headers-{kernel}"],
+        "initramfs_command": ["update-initramfs", "-u"],
+        "module_stream": None,
+    }
+    if source == "distro":
+        if branch != "535":
+            raise PlanError(
+                f"driver_branch: Debian 12 packages only the 535 branch, not {branch}; "
+                "set driver_source: cuda-repo for other branches"
+            )
+        # Debian's non-free archive (nvidia-graphics-drivers source package); the
+        # open module is in contrib, the persistence daemon too.
+        plan["repositories"].append(
+            {
+                "name": "debian-nvidia",
+                "uris": [mirror],
+                "suites": ["bookworm", "bookworm-updates"],
+                "components": ["contrib", "non-free", "non-free-firmware"],
+                "signed_by": "/usr/share/keyrings/debian-archive-keyring.gpg",
+            }
+        )
+        plan["repositories"].append(
+            {
+                "name": "debian-security-nvidia",
+                "uris": [re.sub(r"/debian/?$", "/debian-security", mirror)],
+                "suites": ["bookworm-security"],
+                "components": ["contrib", "non-free", "non-free-firmware"],
+                "signed_by": "/usr/share/keyrings/debian-archive-keyring.gpg",
+            }
+        )
+        kmod = "nvidia-open-kernel-dkms" if module_type == "open" else "nvidia-kernel-dkms"
+        versioned = [kmod, "nvidia-smi", "libnvidia-ml1", "libcuda1", "firmware-nvidia-gsp"]
+        plan["packages"] = [_pin_deb(p, version) for p in versioned] + ["nvidia-persistenced"]
+        plan["hold"] = versioned
+    else:
+        plan["repositories"].append(_cuda_deb_repo(base_url, "debian12"))
+        plan.update(_cuda_deb_packages(branch, version, module_type))
+    plan["fabricmanager"] = _fm_deb(branch, version) if fm else []
+    if fm and source == "distro":
+        # Debian does not package the fabric manager: it comes from NVIDIA's repo.
+        plan["repositories"].append(_cuda_deb_repo(base_url, "debian12"))
+    return plan
+
+
+def _cuda_deb_repo(base_url, distro):
+    url = f"{base_url.rstrip('/')}/{distro}/x86_64"
+    return {
+        "name": "nvidia-cuda",
+        "uris": [url],
+        "suites": ["/"],
+        "components": [],
+        "key_url": f"{url}/3bf863cc.pub",
+    }
+
+
+def _cuda_deb_packages(branch, version, module_type):
+    # NVIDIA's CUDA repository: cuda-drivers-<branch> (proprietary) or
+    # nvidia-driver-<branch>-open.
+    meta = f"nvidia-driver-{branch}-open" if module_type == "open" else f"cuda-drivers-{branch}"
+    return {"packages": [_pin_deb(meta, version)], "hold": [meta]}
+
+
+def _fm_deb(branch, version):
+    return [_pin_deb(f"nvidia-fabricmanager-{branch}", version)]
+
+
+def _ubuntu(os_version, branch, version, module_type, source, base_url, kernel, fm):
+    if os_version not in ("22.04", "24.04"):
+        raise PlanError(f"Ubuntu {os_version} is not supported; supported: {SUPPORTED}")
+    distro = "ubuntu" + os_version.replace(".", "")
+    plan = {
+        "family": "ubuntu",
+        "repositories": [],
+        "headers": [f"linux-headers-{kernel}"],
+        "initramfs_command": ["update-initramfs", "-u"],
+        "module_stream": None,
+    }
+    if source == "distro":
+        # Canonical's server builds; precompiled, signed modules for the kernel
+        # flavour where they exist, DKMS otherwise.
+        suffix = "-open" if module_type == "open" else ""
+        headless = f"nvidia-headless-{branch}-server{suffix}"
+        utils = f"nvidia-utils-{branch}-server"
+        plan["packages"] = [_pin_deb(headless, version), _pin_deb(utils, version)]
+        plan["precompiled_modules"] = (
+            f"linux-modules-nvidia-{branch}-server{suffix}-{_kernel_flavour(kernel)}"
+        )
+        plan["dkms_modules"] = _pin_deb(f"nvidia-dkms-{branch}-server{suffix}", version)
+        plan["hold"] = [headless, utils]
+        plan["fabricmanager"] = _fm_deb(branch, version) if fm else []
+    else:
+        plan["repositories"].append(_cuda_deb_repo(base_url, distro))
+        plan.update(_cuda_deb_packages(branch, version, module_type))
+        plan["fabricmanager"] = _fm_deb(branch, version) if fm else []
+    return plan
+
+
+def _rhel(os_version, branch, version, module_type, source, base_url, kernel, fm):
+    major = os_version.split(".")[0]
+    if major not in ("8", "9"):
+        raise PlanError(f"RHEL-family {os_version} is not supported; supported: {SUPPORTED}")
+    if source != "cuda-repo":
+        raise PlanError(
+            "driver_source: RHEL-family systems install the driver from NVIDIA's "
+            "CUDA repository; set driver_source: cuda-repo"
+        )
+    url = f"{base_url.rstrip('/')}/rhel{major}/x86_64"
+    stream = f"nvidia-driver:{branch}-{'open' if module_type == 'open' else 'dkms'}"
+    packages = [f"@{stream}"]
+    if version:
+        packages = [
+            f"nvidia-driver-{version}",
+            f"nvidia-driver-cuda-{version}",
+            f"kmod-nvidia-{'open-dkms' if module_type == 'open' else 'latest-dkms'}-{version}",
+        ]
+    return {
+        "family": "rhel",
+        "repositories": [
+            {
+                "name": "cuda-rhel" + major,
+                "baseurl": url,
+                "gpgkey": f"{url}/D42D0685.pub",
+            }
+        ],
+        "module_stream": stream,
+        "packages": packages,
+        "hold": ["nvidia-driver", "nvidia-driver-cuda", "kmod-nvidia*"],
+        "headers": [f"kernel-devel-{kernel}", f"kernel-headers-{kernel}"],
+        "initramfs_command": ["dracut", "-f"],
+        # The RPM is spelled with a second hyphen.
+        "fabricmanager": [
+            f"nvidia-fabric-manager-{version}" if version else "nvidia-fabric-manager"
+        ]
+        if fm
+        else [],
+    }
+
+
+def plan(
+    os_id,
+    os_version,
+    kernel,
+    branch,
+    version,
+    module_type,
+    source,
+    cuda_repo_base_url,
+    debian_mirror="http://deb.debian.org/debian",
+    fabricmanager=False,
+):
+    """The install plan for one node. Raises PlanError naming the variable at fault."""
+    branch = str(branch)
+    if not BRANCH_RE.match(branch):
+        raise PlanError(
+            f"driver_branch: expected a three-digit driver branch such as '535', got {branch!r}"
+        )
+    if version:
+        if not VERSION_RE.match(version):
+            raise PlanError(
+                f"driver_version: expected an NVIDIA driver version such as "
+                f"'535.261.03', got {version!r}"
+            )
+        if version.split(".")[0] != branch:
+            raise PlanError(f"driver_version {version} is not of driver_branch {branch}")
+    if module_type not in ("open", "proprietary"):
+        raise PlanError(f"module type must be resolved to open or proprietary, got {module_type!r}")
+    if source not in ("distro", "cuda-repo"):
+        raise PlanError(f"driver_source: expected distro or cuda-repo, got {source!r}")
+    os_id = (os_id or "").lower()
+    args = (branch, version or "", module_type, source, cuda_repo_base_url)
+    if os_id == "debian":
+        result = _debian(os_version, *args, debian_mirror, kernel, fabricmanager)
+    elif os_id == "ubuntu":
+        result = _ubuntu(os_version, *args, kernel, fabricmanager)
+    elif os_id in RHEL_LIKE:
+        result = _rhel(os_version, *args, kernel, fabricmanager)
+    else:
+        raise PlanError(
+            f"operating system {os_id} {os_version} is not supported; supported: {SUPPORTED}"
+        )
+    result["module_type"] = module_type
+    result["branch"] = branch
+    result["version"] = version or None
+    return result

@@ -1,0 +1,188 @@
+"""What the driver role would install, and from where, on each supported OS."""
+
+from __future__ import annotations
+
+import pytest
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.gpufleet.nvidia.plugins.filter.driver import driver_plan
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import driver_plan as dp
+
+CUDA = "https://developer.download.nvidia.com/compute/cuda/repos"
+
+
+def facts(os_id: str, version_id: str, compute=(9, 0), nvswitches=0, kernel="6.1.0-18-amd64"):
+    return {
+        "os": {"id": os_id, "version_id": version_id, "kernel": kernel},
+        "gpus": [{"compute_major": compute[0], "compute_minor": compute[1]}],
+        "nvswitch_count": nvswitches,
+    }
+
+
+def test_debian12_distro_proprietary_pinned_and_held():
+    plan = driver_plan(
+        facts("debian", "12"), branch="535", version="535.261.03", cuda_repo_base_url=CUDA
+    )
+    assert plan["packages"] == [
+        "nvidia-kernel-dkms=535.261.03-*",
+        "nvidia-smi=535.261.03-*",
+        "libnvidia-ml1=535.261.03-*",
+        "libcuda1=535.261.03-*",
+        "firmware-nvidia-gsp=535.261.03-*",
+        "nvidia-persistenced",
+    ]
+    assert "nvidia-kernel-dkms" in plan["hold"]
+    assert [r["components"] for r in plan["repositories"]] == [
+        ["contrib", "non-free", "non-free-firmware"]
+    ] * 2
+    assert plan["repositories"][1]["uris"] == ["http://deb.debian.org/debian-security"]
+    assert plan["headers"] == ["linux-headers-6.1.0-18-amd64"]
+    assert plan["fabricmanager"] == []
+
+
+def test_debian12_hgx_gets_fabric_manager_from_the_cuda_repo():
+    plan = driver_plan(
+        facts("debian", "12", nvswitches=4),
+        branch="535",
+        version="535.261.03",
+        cuda_repo_base_url="file:/srv/mirror/cuda",
+    )
+    assert plan["fabricmanager"] == ["nvidia-fabricmanager-535=535.261.03-*"]
+    cuda = plan["repositories"][-1]
+    assert cuda["uris"] == ["file:/srv/mirror/cuda/debian12/x86_64"]
+    assert cuda["key_url"] == "file:/srv/mirror/cuda/debian12/x86_64/3bf863cc.pub"
+
+
+def test_debian12_open_modules():
+    plan = driver_plan(
+        facts("debian", "12"), branch="535", module_type="open", cuda_repo_base_url=CUDA
+    )
+    assert plan["packages"][0] == "nvidia-open-kernel-dkms"
+    assert plan["module_type"] == "open"
+
+
+def test_debian12_distro_has_only_the_535_branch():
+    with pytest.raises(AnsibleFilterError, match="driver_branch: Debian 12 packages only"):
+        driver_plan(facts("debian", "12"), branch="550", cuda_repo_base_url=CUDA)
+
+
+@pytest.mark.parametrize("version", ["22.04", "24.04"])
+def test_ubuntu_distro_uses_canonical_server_packages(version):
+    plan = driver_plan(
+        facts("ubuntu", version, kernel="5.15.0-91-generic"),
+        branch="550",
+        cuda_repo_base_url=CUDA,
+        module_type="open",
+    )
+    assert plan["packages"] == ["nvidia-headless-550-server-open", "nvidia-utils-550-server"]
+    assert plan["precompiled_modules"] == "linux-modules-nvidia-550-server-open-generic"
+    assert plan["dkms_modules"] == "nvidia-dkms-550-server-open"
+    assert plan["repositories"] == []
+
+
+def test_ubuntu_cuda_repo():
+    plan = driver_plan(
+        facts("ubuntu", "22.04", nvswitches=4),
+        branch="550",
+        version="550.127.05",
+        source="cuda-repo",
+        cuda_repo_base_url=CUDA,
+    )
+    assert plan["packages"] == ["cuda-drivers-550=550.127.05-*"]
+    assert plan["repositories"][0]["uris"] == [f"{CUDA}/ubuntu2204/x86_64"]
+    assert plan["fabricmanager"] == ["nvidia-fabricmanager-550=550.127.05-*"]
+
+
+@pytest.mark.parametrize(
+    ("os_id", "version"), [("rocky", "9.4"), ("rhel", "8.10"), ("almalinux", "9.5")]
+)
+def test_rhel_family_uses_dnf_module_streams(os_id, version):
+    plan = driver_plan(
+        facts(os_id, version, nvswitches=4, kernel="5.14.0-427.el9.x86_64"),
+        branch="535",
+        source="cuda-repo",
+        cuda_repo_base_url=CUDA,
+    )
+    major = version.split(".")[0]
+    assert plan["module_stream"] == "nvidia-driver:535-dkms"
+    assert plan["packages"] == ["@nvidia-driver:535-dkms"]
+    assert plan["repositories"][0]["baseurl"] == f"{CUDA}/rhel{major}/x86_64"
+    assert plan["headers"] == [
+        "kernel-devel-5.14.0-427.el9.x86_64",
+        "kernel-headers-5.14.0-427.el9.x86_64",
+    ]
+    assert plan["fabricmanager"] == ["nvidia-fabric-manager"]
+    assert plan["initramfs_command"] == ["dracut", "-f"]
+
+
+def test_rhel_needs_the_cuda_repo():
+    with pytest.raises(AnsibleFilterError, match="driver_source: RHEL-family"):
+        driver_plan(facts("rocky", "9.4"), branch="535", cuda_repo_base_url=CUDA)
+
+
+@pytest.mark.parametrize(
+    ("requested", "branch", "compute", "expected"),
+    [
+        ("auto", "535", (9, 0), "proprietary"),
+        ("auto", "570", (9, 0), "open"),
+        ("auto", "570", (7, 0), "proprietary"),
+        ("auto", "570", (10, 0), "open"),
+        ("auto", "535", (12, 0), "open"),
+        ("open", "535", (7, 5), "open"),
+        ("proprietary", "570", (8, 0), "proprietary"),
+    ],
+)
+def test_module_type_resolution(requested, branch, compute, expected):
+    assert dp.resolve_module_type(requested, branch, [compute]) == expected
+
+
+def test_open_modules_on_volta_fail_naming_the_variable():
+    with pytest.raises(
+        AnsibleFilterError, match="driver_kernel_module_type: open kernel modules need a Turing"
+    ):
+        driver_plan(
+            facts("debian", "12", compute=(7, 0)),
+            branch="535",
+            module_type="open",
+            cuda_repo_base_url=CUDA,
+        )
+
+
+def test_proprietary_on_blackwell_fails():
+    with pytest.raises(AnsibleFilterError, match="Blackwell"):
+        driver_plan(
+            facts("ubuntu", "24.04", compute=(10, 0)),
+            branch="570",
+            module_type="proprietary",
+            cuda_repo_base_url=CUDA,
+        )
+
+
+@pytest.mark.parametrize(
+    ("branch", "version", "message"),
+    [
+        ("5350", "", "driver_branch: expected a three-digit"),
+        ("535", "535.261", None),
+        ("535", "550.127.05", "is not of driver_branch 535"),
+        ("535", "latest", "driver_version: expected"),
+    ],
+)
+def test_branch_and_version_validation(branch, version, message):
+    def call():
+        return driver_plan(
+            facts("debian", "12"),
+            branch=branch,
+            version=version,
+            cuda_repo_base_url=CUDA,
+        )
+
+    if message is None:
+        assert call()["version"] == version
+    else:
+        with pytest.raises(AnsibleFilterError, match=message):
+            call()
+
+
+def test_unsupported_os_lists_the_supported_ones():
+    with pytest.raises(AnsibleFilterError, match=r"sles 15\.5 is not supported; supported: Debian"):
+        driver_plan(facts("sles", "15.5"), branch="535", cuda_repo_base_url=CUDA)
