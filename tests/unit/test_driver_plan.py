@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from ansible.errors import AnsibleFilterError
 
@@ -24,13 +26,17 @@ def test_debian12_distro_proprietary_pinned_and_held():
         facts("debian", "12"), branch="535", version="535.261.03", cuda_repo_base_url=CUDA
     )
     assert plan["packages"] == [
-        "nvidia-kernel-dkms=535.261.03-*",
-        "nvidia-smi=535.261.03-*",
-        "libnvidia-ml1=535.261.03-*",
-        "libcuda1=535.261.03-*",
-        "firmware-nvidia-gsp=535.261.03-*",
+        "nvidia-kernel-dkms",
+        "nvidia-smi",
+        "libnvidia-ml1",
+        "libcuda1",
+        "firmware-nvidia-gsp",
         "nvidia-persistenced",
     ]
+    # The version is pinned for these packages and their strict dependencies alike.
+    assert plan["apt_pin"]["version"] == "535.261.03-*"
+    assert re.search(plan["apt_pin"]["packages"].strip("/"), "nvidia-alternative")
+    assert not re.search(plan["apt_pin"]["packages"].strip("/"), "linux-headers-amd64")
     assert "nvidia-kernel-dkms" in plan["hold"]
     assert [r["components"] for r in plan["repositories"]] == [
         ["contrib", "non-free", "non-free-firmware"]
@@ -47,7 +53,7 @@ def test_debian12_hgx_gets_fabric_manager_from_the_cuda_repo():
         version="535.261.03",
         cuda_repo_base_url="file:/srv/mirror/cuda",
     )
-    assert plan["fabricmanager"] == ["nvidia-fabricmanager-535=535.261.03-*"]
+    assert plan["fabricmanager"] == ["nvidia-fabricmanager-535"]
     cuda = plan["repositories"][-1]
     assert cuda["uris"] == ["file:/srv/mirror/cuda/debian12/x86_64"]
     assert cuda["key_url"] == "file:/srv/mirror/cuda/debian12/x86_64/3bf863cc.pub"
@@ -88,9 +94,10 @@ def test_ubuntu_cuda_repo():
         source="cuda-repo",
         cuda_repo_base_url=CUDA,
     )
-    assert plan["packages"] == ["cuda-drivers-550=550.127.05-*"]
+    assert plan["packages"] == ["cuda-drivers-550"]
+    assert plan["apt_pin"]["version"] == "550.127.05-*"
     assert plan["repositories"][0]["uris"] == [f"{CUDA}/ubuntu2204/x86_64"]
-    assert plan["fabricmanager"] == ["nvidia-fabricmanager-550=550.127.05-*"]
+    assert plan["fabricmanager"] == ["nvidia-fabricmanager-550"]
 
 
 @pytest.mark.parametrize(

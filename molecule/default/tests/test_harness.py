@@ -166,7 +166,7 @@ def test_stand_in_packages_behave_like_upstream_for_the_roles(host):
 
         repo = "/srv/gpufleet-repo/cuda/repos/debian12/x86_64"
         host.run(
-            f"cp {repo}/gpgkey /etc/apt/keyrings/cuda-test.asc && echo "
+            f"cp {repo}/3bf863cc.pub /etc/apt/keyrings/cuda-test.asc && echo "
             f"'deb [signed-by=/etc/apt/keyrings/cuda-test.asc] file:{repo} /' "
             "> /etc/apt/sources.list.d/cuda-test.list && apt-get update -q"
         )

@@ -6,7 +6,7 @@ simulated nodes install from local copies laid out like the upstream ones:
     <out>/libnvidia-container/gpgkey                        ASCII-armoured signing key
     <out>/libnvidia-container/stable/deb/amd64/             flat repo, suite "/"
     <out>/cuda/repos/debian12/x86_64/                       flat repo, suite "/"
-    <out>/cuda/repos/debian12/x86_64/gpgkey
+    <out>/cuda/repos/debian12/x86_64/3bf863cc.pub           its signing key
 
 Package names, versions and installed paths are the upstream ones; the contents are
 small stand-ins (tests/sim/repo/standins) that behave enough like upstream for the
@@ -299,8 +299,9 @@ def build(source_dir: Path, out: Path) -> Path:
             ["gpg", "--armor", "--export", key_id], env=env, check=True, capture_output=True
         ).stdout
         for repo, key_path in (
+            # Key files named as upstream publishes them (the CUDA one after its key id).
             (TOOLKIT_REPO, "libnvidia-container/gpgkey"),
-            (CUDA_REPO, f"{CUDA_REPO}/gpgkey"),
+            (CUDA_REPO, f"{CUDA_REPO}/3bf863cc.pub"),
         ):
             _sign_repo(staging / repo, gnupg, key_id)
             (staging / key_path).write_bytes(armoured)

@@ -26,6 +26,7 @@ EXAMPLES = r"""
     msg: "{{ ansible_facts.gpufleet | gpufleet.nvidia.node_summary }}"
 """
 
+# node_report is documented in node_report.yml next to this file.
 RETURN = r"""
 _value:
   description:
@@ -53,6 +54,28 @@ def node_summary(facts):
     return text
 
 
+# Stages in the order they run, with the fact each one publishes.
+STAGES = (("driver", "gpufleet_driver"),)
+
+
+def node_report(hostvars):
+    """One line for a host: its hardware and, per stage, its status and why."""
+    facts = (hostvars.get("ansible_facts") or {}).get("gpufleet")
+    name = hostvars.get("inventory_hostname", "?")
+    if facts is None:
+        return f"{name}: no facts (unreachable, or not part of this run)"
+    parts = [node_summary(facts)]
+    for stage, fact in STAGES:
+        outcome = hostvars.get(fact)
+        if not outcome or outcome.get("status") == "not-a-gpu-node":
+            continue
+        text = f"{stage}: {outcome['status']}"
+        if outcome.get("reason"):
+            text += f" ({outcome['reason']})"
+        parts.append(text)
+    return f"{name}: " + "; ".join(parts)
+
+
 class FilterModule:
     def filters(self):
-        return {"node_summary": node_summary}
+        return {"node_summary": node_summary, "node_report": node_report}

@@ -54,6 +54,9 @@ def driver_facts(
     return {
         "state": state,
         "version": version,
+        # What the package database (or modinfo) says is installed; differs from a
+        # loaded version until the new module is loaded.
+        "installed_version": (installed or {}).get("version"),
         "module_type": module_type,
         "installed_by": (installed or {}).get("installed_by")
         or ("other" if loaded_version else None),

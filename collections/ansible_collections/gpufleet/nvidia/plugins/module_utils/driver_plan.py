@@ -55,8 +55,23 @@ def resolve_module_type(requested, branch, computes):
     return "proprietary"
 
 
+# Binary packages built from NVIDIA's driver sources on Debian/Ubuntu and in NVIDIA's
+# repositories: an apt preferences pin on these names makes apt pick the one wanted
+# version for the packages asked for and for their strict (=) dependencies alike.
+DEB_DRIVER_PACKAGE_REGEX = (
+    "/^(nvidia-|libnvidia-|libcuda1|firmware-nvidia-|cuda-drivers|xserver-xorg-video-nvidia)/"
+)
+
+
+def _apt_pin(version):
+    if not version:
+        return None
+    return {"packages": DEB_DRIVER_PACKAGE_REGEX, "version": f"{version}-*"}
+
+
 def _pin_deb(name, version):
-    return f"{name}={version}-*" if version else name
+    # Versions are chosen by the apt pin (see _apt_pin), not on the package name.
+    return name
 
 
 def _kernel_flavour(kernel):
@@ -251,6 +266,8 @@ def plan(
         raise PlanError(
             f"operating system {os_id} {os_version} is not supported; supported: {SUPPORTED}"
         )
+    if result["family"] in ("debian", "ubuntu"):
+        result["apt_pin"] = _apt_pin(version)
     result["module_type"] = module_type
     result["branch"] = branch
     result["version"] = version or None

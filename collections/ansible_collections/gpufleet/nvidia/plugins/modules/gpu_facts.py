@@ -79,8 +79,9 @@ ansible_facts:
           type: int
           sample: 4
         driver:
-          description: C(state) (absent, installed, loaded), C(version), C(module_type)
-            (open, proprietary), C(installed_by) (package, other), C(package).
+          description: C(state) (absent, installed, loaded), C(version) (the loaded one
+            when loaded), C(installed_version), C(module_type) (open, proprietary),
+            C(installed_by) (package, other), C(package).
           type: dict
         cuda_version:
           description: CUDA version the loaded driver supports, when it answers.
