@@ -146,6 +146,9 @@ def test_installed_driver_from_dpkg_query_output():
         "package": "nvidia-kernel-dkms",
     }
     assert discovery.installed_from_dpkg("un |nvidia-kernel-dkms|\n") is None
+    held = discovery.installed_from_dpkg("hi |nvidia-open-kernel-dkms|535.261.03-1\n")
+    assert held["version"] == "535.261.03" and held["module_type"] == "open"
+    assert discovery.installed_from_dpkg("rc |nvidia-kernel-dkms|535.261.03-1\n") is None
 
 
 def test_installed_driver_from_rpm_query_output():

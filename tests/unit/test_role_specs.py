@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import yaml
+
 from conftest import PROJECT
 
 ROLES = sorted(p.parent.parent.name for p in PROJECT.glob("roles/*/meta/argument_specs.yml"))

@@ -120,7 +120,9 @@ def installed_driver(prof: profiles.Profile) -> InstalledDriver | None:
         out = ""
     for line in out.splitlines():
         status, package, version = [*line.split("|"), "", ""][:3]
-        if status.startswith("ii"):
+        # db:Status-Abbrev: wanted state, then current state ("i" = installed); a
+        # held package reads "hi".
+        if status[1:2] == "i":
             module_type = "open" if "open" in package else "proprietary"
             return InstalledDriver(_upstream_version(version), module_type, f"package:{package}")
     if prof.preinstalled_driver:

@@ -92,6 +92,7 @@ def driver_plan(
         fabricmanager == "auto" and facts.get("nvswitch_count", 0) > 0
     )
     try:
+        dp.validate_request(str(branch), version or "")
         resolved = dp.resolve_module_type(module_type, str(branch), computes)
         return dp.plan(
             os_facts.get("id"),

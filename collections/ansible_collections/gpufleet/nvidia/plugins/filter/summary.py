@@ -55,7 +55,7 @@ def node_summary(facts):
 
 
 # Stages in the order they run, with the fact each one publishes.
-STAGES = (("driver", "gpufleet_driver"),)
+STAGES = (("driver", "driver_stage"),)
 
 
 def node_report(hostvars):

@@ -178,7 +178,9 @@ def upstream_version(package_version: str) -> str:
 def installed_from_dpkg(output: str) -> dict[str, str] | None:
     for line in output.splitlines():
         fields = line.split("|")
-        if len(fields) == 3 and fields[0].startswith("ii"):
+        # db:Status-Abbrev is the wanted state then the current one: "ii" installed,
+        # "hi" installed and held.
+        if len(fields) == 3 and fields[0][1:2] == "i":
             package, version = fields[1], fields[2]
             return {
                 "version": upstream_version(version),

@@ -224,6 +224,22 @@ def _rhel(os_version, branch, version, module_type, source, base_url, kernel, fm
     }
 
 
+def validate_request(branch, version):
+    """Check the branch and version settings; raises PlanError naming the variable."""
+    if not BRANCH_RE.match(branch):
+        raise PlanError(
+            f"driver_branch: expected a three-digit driver branch such as '535', got {branch!r}"
+        )
+    if version:
+        if not VERSION_RE.match(version):
+            raise PlanError(
+                "driver_version: expected an NVIDIA driver version such as '535.261.03', "
+                f"got {version!r}"
+            )
+        if version.split(".")[0] != branch:
+            raise PlanError(f"driver_version {version} is not of driver_branch {branch}")
+
+
 def plan(
     os_id,
     os_version,
@@ -238,18 +254,7 @@ def plan(
 ):
     """The install plan for one node. Raises PlanError naming the variable at fault."""
     branch = str(branch)
-    if not BRANCH_RE.match(branch):
-        raise PlanError(
-            f"driver_branch: expected a three-digit driver branch such as '535', got {branch!r}"
-        )
-    if version:
-        if not VERSION_RE.match(version):
-            raise PlanError(
-                f"driver_version: expected an NVIDIA driver version such as "
-                f"'535.261.03', got {version!r}"
-            )
-        if version.split(".")[0] != branch:
-            raise PlanError(f"driver_version {version} is not of driver_branch {branch}")
+    validate_request(branch, version)
     if module_type not in ("open", "proprietary"):
         raise PlanError(f"module type must be resolved to open or proprietary, got {module_type!r}")
     if source not in ("distro", "cuda-repo"):

@@ -1,0 +1,64 @@
+"""Shared helpers of the driver scenario's tests."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+from pathlib import Path
+
+PROJECT = Path(__file__).resolve().parents[3]
+HELD = ("nvidia-kernel-dkms", "nvidia-smi", "libnvidia-ml1", "libcuda1", "firmware-nvidia-gsp")
+READY = "/run/nvidia/validations/driver-ready"
+BLACKLIST = "/etc/modprobe.d/gpufleet-blacklist-nouveau.conf"
+
+
+def held(host) -> set[str]:
+    lines = host.check_output("dpkg --get-selections").splitlines()
+    return {line.split()[0].split(":")[0] for line in lines if line.split()[-1] == "hold"}
+
+
+def version(host, package: str) -> str:
+    return host.check_output(f"dpkg-query -W -f='${{Version}}' {package}")
+
+
+@functools.cache
+def check_mode_run() -> dict:
+    """The driver stage in check mode on the converged nodes, as JSON events."""
+    env = dict(
+        os.environ,
+        ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
+        ANSIBLE_CONFIG=str(PROJECT / "ansible.cfg"),
+        ANSIBLE_COLLECTIONS_PATH=str(PROJECT / "collections"),
+        ANSIBLE_ROLES_PATH=str(PROJECT / "roles"),
+    )
+    result = subprocess.run(
+        [
+            "ansible-playbook",
+            "--check",
+            "-i",
+            # The directory: molecule keeps host_vars and group_vars beside the file.
+            os.path.dirname(os.environ["MOLECULE_INVENTORY_FILE"]),
+            str(PROJECT / "molecule" / "driver" / "converge.yml"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+        cwd=PROJECT,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    return json.loads(result.stdout)
+
+
+def stage(host) -> dict:
+    run = check_mode_run()
+    hostname = host.backend.get_hostname()
+    for play in run["plays"]:
+        for task in play["tasks"]:
+            result = task["hosts"].get(hostname, {})
+            facts = result.get("ansible_facts", {})
+            if "driver_stage" in facts:
+                return facts["driver_stage"]
+    raise AssertionError(f"no driver_stage for {hostname}")

@@ -1,0 +1,29 @@
+"""HGX H100 node, driver_reboot_policy: if_needed, newest 535 build."""
+
+from __future__ import annotations
+
+from helpers import BLACKLIST, HELD, READY, held, version
+
+testinfra_hosts = ["podman://gpufleet-drv-h100"]
+
+
+def test_debian_packages_are_installed_and_held(host):
+    assert set(HELD) <= held(host)
+    assert host.file(BLACKLIST).contains("^blacklist nouveau")
+    assert not host.file("/etc/apt/preferences.d/gpufleet-nvidia-driver.pref").exists
+
+
+def test_node_was_rebooted_into_a_validated_driver(host):
+    assert len(host.check_output("nvidia-smi -L").splitlines()) == 8
+    installed = version(host, "nvidia-kernel-dkms").split("-")[0]
+    reported = host.check_output("nvidia-smi --query-gpu=driver_version --format=csv,noheader")
+    assert reported.splitlines() == [installed] * 8
+    assert host.file(READY).content_string == "IS_HOST_DRIVER=true\nNVIDIA_DRIVER_ROOT=/\n"
+
+
+def test_persistence_daemon_and_fabric_manager_run(host):
+    for unit in ("nvidia-persistenced", "nvidia-fabricmanager"):
+        assert host.service(unit).is_enabled and host.service(unit).is_running
+    assert "nvidia-fabricmanager-535" in held(host)
+    modes = host.check_output("nvidia-smi --query-gpu=persistence_mode --format=csv,noheader")
+    assert set(modes.splitlines()) == {"Enabled"}

@@ -1,0 +1,40 @@
+"""T4 node, driver_reboot_policy: never, driver_version pinned to 535.261.03.
+
+Runs after test_all_nodes.py (pytest orders files by name): the reboot below would
+change what the check-mode pass there reports.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+from helpers import BLACKLIST, HELD, READY, held, version
+
+testinfra_hosts = ["podman://gpufleet-drv-t4"]
+
+
+def test_pinned_version_is_installed_and_held(host):
+    # Debian offers a newer 535 build; the pin keeps the requested one.
+    assert version(host, "nvidia-kernel-dkms").startswith("535.261.03-")
+    assert version(host, "nvidia-smi").startswith("535.261.03-")
+    pin = host.file("/etc/apt/preferences.d/gpufleet-nvidia-driver.pref")
+    assert pin.contains("^Pin: version 535.261.03-")
+    assert set(HELD) <= held(host)
+    assert host.file(BLACKLIST).exists
+
+
+def test_node_waits_for_a_reboot_then_loads_the_driver(host):
+    assert not host.file(READY).exists
+    assert host.run("nvidia-smi").rc == 9  # installed, not loaded: nouveau holds the GPU
+    subprocess.run(
+        ["podman", "restart", "-t", "5", host.backend.get_hostname()],
+        check=True,
+        capture_output=True,
+    )
+    for _ in range(60):
+        if host.run("systemctl is-system-running").stdout.strip() in ("running", "degraded"):
+            break
+        time.sleep(1)
+    after = host.run("nvidia-smi --query-gpu=driver_version --format=csv,noheader")
+    assert after.rc == 0 and after.stdout.strip() == "535.261.03"

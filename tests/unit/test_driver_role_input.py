@@ -1,0 +1,107 @@
+"""Bad driver settings fail before any task touches a host, naming the variable.
+
+Runs the real driver role with ansible-playbook against the local machine, but only
+as far as its validation: gpu_facts reads a fixture sysfs tree in tmp_path (read
+only) and every case fails before the first task that could change anything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import PROJECT
+
+PLAYBOOK = """
+- name: Driver stage against a fixture node
+  hosts: localhost
+  connection: local
+  gather_facts: false
+  roles:
+    - role: driver
+"""
+
+
+def _gpu(root: Path, address: str, device: str) -> None:
+    path = root / "bus" / "pci" / "devices" / address
+    path.mkdir(parents=True)
+    for name, value in (
+        ("vendor", "0x10de"),
+        ("device", device),
+        ("class", "0x030200"),
+        ("numa_node", "0"),
+    ):
+        (path / name).write_text(value + "\n")
+
+
+def run_driver_role(tmp_path: Path, device: str, **variables: object):
+    sysfs = tmp_path / "sys"
+    _gpu(sysfs, "0000:18:00.0", device)
+    playbook = tmp_path / "play.yml"
+    playbook.write_text(PLAYBOOK)
+    extra = {
+        "driver_sysfs_root": str(sysfs),
+        "ansible_python_interpreter": sys.executable,
+        **variables,
+    }
+    env = dict(
+        os.environ,
+        ANSIBLE_CONFIG=str(PROJECT / "ansible.cfg"),
+        ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
+        ANSIBLE_NOCOLOR="1",
+    )
+    bindir = Path(sys.executable).parent
+    result = subprocess.run(
+        [
+            str(bindir / "ansible-playbook"),
+            "-i",
+            "localhost,",
+            str(playbook),
+            "-e",
+            json.dumps(extra),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=PROJECT,
+        check=False,
+    )
+    report = json.loads(result.stdout)
+    return result.returncode, report
+
+
+def _failure(report) -> str:
+    for play in report["plays"]:
+        for task in play["tasks"]:
+            outcome = task["hosts"].get("localhost", {})
+            if outcome.get("failed"):
+                return task["task"]["name"] + ": " + outcome.get("msg", "")
+    raise AssertionError("nothing failed")
+
+
+@pytest.mark.parametrize(
+    ("device", "variables", "message"),
+    [
+        ("0x2330", {"driver_source": "ppa"}, "driver_source"),
+        ("0x2330", {"driver_hold_packages": "sometimes"}, "driver_hold_packages"),
+        ("0x2330", {"driver_reboot_policy": "always"}, "driver_reboot_policy"),
+        ("0x2330", {"driver_branch": "53x"}, "driver_branch: expected a three-digit"),
+        (
+            "0x2330",
+            {"driver_version": "535.261.03", "driver_branch": "550", "driver_source": "cuda-repo"},
+            "is not of driver_branch 550",
+        ),
+        # A V100 (Volta) cannot run the open kernel modules.
+        ("0x1db4", {"driver_kernel_module_type": "open"}, "driver_kernel_module_type: open"),
+    ],
+)
+def test_bad_settings_fail_before_any_change(tmp_path, device, variables, message):
+    rc, report = run_driver_role(tmp_path, device, **variables)
+    assert rc != 0
+    assert message in _failure(report)
+    assert report["stats"]["localhost"]["changed"] == 0
