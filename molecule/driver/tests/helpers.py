@@ -23,9 +23,8 @@ def version(host, package: str) -> str:
     return host.check_output(f"dpkg-query -W -f='${{Version}}' {package}")
 
 
-@functools.cache
-def check_mode_run() -> dict:
-    """The driver stage in check mode on the converged nodes, as JSON events."""
+def converge(args: list[str]) -> dict:
+    """Run the scenario's converge playbook with extra arguments; its JSON events."""
     env = dict(
         os.environ,
         ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
@@ -36,7 +35,7 @@ def check_mode_run() -> dict:
     result = subprocess.run(
         [
             "ansible-playbook",
-            "--check",
+            *args,
             "-i",
             # The directory: molecule keeps host_vars and group_vars beside the file.
             os.path.dirname(os.environ["MOLECULE_INVENTORY_FILE"]),
@@ -52,9 +51,17 @@ def check_mode_run() -> dict:
     return json.loads(result.stdout)
 
 
+@functools.cache
+def check_mode_run() -> dict:
+    """The driver stage in check mode on the converged nodes."""
+    return converge(["--check"])
+
+
 def stage(host) -> dict:
-    run = check_mode_run()
-    hostname = host.backend.get_hostname()
+    return stage_of(check_mode_run(), host.backend.get_hostname())
+
+
+def stage_of(run: dict, hostname: str) -> dict:
     for play in run["plays"]:
         for task in play["tasks"]:
             result = task["hosts"].get(hostname, {})

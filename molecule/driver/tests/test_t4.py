@@ -9,7 +9,7 @@ from __future__ import annotations
 import subprocess
 import time
 
-from helpers import BLACKLIST, HELD, READY, held, version
+from helpers import BLACKLIST, HELD, READY, converge, held, stage_of, version
 
 testinfra_hosts = ["podman://gpufleet-drv-t4"]
 
@@ -38,3 +38,16 @@ def test_node_waits_for_a_reboot_then_loads_the_driver(host):
         time.sleep(1)
     after = host.run("nvidia-smi --query-gpu=driver_version --format=csv,noheader")
     assert after.rc == 0 and after.stdout.strip() == "535.261.03"
+
+
+def test_version_change_is_disruptive_and_done_in_place(host):
+    """Move the (now loaded) driver to Debian's newer 535 build without a reboot."""
+    run = converge(["--limit", host.backend.get_hostname(), "-e", "driver_version=535.309.01"])
+    stage_result = stage_of(run, host.backend.get_hostname())
+    assert stage_result["disruptive"] is True
+    assert stage_result["status"] == "ready"
+    out = host.check_output("nvidia-smi --query-gpu=driver_version --format=csv,noheader")
+    assert out == "535.309.01"
+    assert version(host, "nvidia-kernel-dkms").startswith("535.309.01-")
+    assert host.service("nvidia-persistenced").is_running
+    assert host.file(READY).exists
