@@ -169,7 +169,8 @@ def test_proprietary_on_blackwell_fails():
     ("branch", "version", "message"),
     [
         ("5350", "", "driver_branch: expected a three-digit"),
-        ("535", "535.261", None),
+        ("535", "535.261.03", None),
+        ("535", "535.261", "driver_version: expected"),
         ("535", "550.127.05", "is not of driver_branch 535"),
         ("535", "latest", "driver_version: expected"),
     ],

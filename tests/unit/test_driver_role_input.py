@@ -39,9 +39,14 @@ def _gpu(root: Path, address: str, device: str) -> None:
         (path / name).write_text(value + "\n")
 
 
-def run_driver_role(tmp_path: Path, device: str, **variables: object):
+def run_driver_role(tmp_path: Path, device: str, secure_boot: bool = False, **variables: object):
     sysfs = tmp_path / "sys"
     _gpu(sysfs, "0000:18:00.0", device)
+    efivars = sysfs / "firmware" / "efi" / "efivars"
+    efivars.mkdir(parents=True)
+    (efivars / "SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c").write_bytes(
+        b"\x06\x00\x00\x00" + (b"\x01" if secure_boot else b"\x00")
+    )
     playbook = tmp_path / "play.yml"
     playbook.write_text(PLAYBOOK)
     extra = {
@@ -59,6 +64,9 @@ def run_driver_role(tmp_path: Path, device: str, **variables: object):
     result = subprocess.run(
         [
             str(bindir / "ansible-playbook"),
+            # --check as a second guard: should a case get past validation, it still
+            # changes nothing on this machine.
+            "--check",
             "-i",
             "localhost,",
             str(playbook),
@@ -104,4 +112,13 @@ def test_bad_settings_fail_before_any_change(tmp_path, device, variables, messag
     rc, report = run_driver_role(tmp_path, device, **variables)
     assert rc != 0
     assert message in _failure(report)
+    assert report["stats"]["localhost"]["changed"] == 0
+
+
+def test_secure_boot_without_signed_modules_fails_with_the_way_forward(tmp_path):
+    rc, report = run_driver_role(tmp_path, "0x2330", secure_boot=True)
+    assert rc != 0
+    failure = _failure(report)
+    assert "Secure Boot is enabled" in failure
+    assert "Machine Owner Key" in failure and "driver_secure_boot_signed_modules" in failure
     assert report["stats"]["localhost"]["changed"] == 0

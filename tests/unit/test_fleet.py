@@ -20,10 +20,11 @@ def test_image_tag_changes_when_the_kit_changes(tmp_path, monkeypatch):
     before = fleet.tree_hash([kit])
     assert fleet.tree_hash([kit]) == before
     (kit / "a.py").write_text("two")
-    assert fleet.tree_hash([kit]) != before
+    changed = fleet.tree_hash([kit])
+    assert changed != before
     (kit / "__pycache__").mkdir()
     (kit / "__pycache__" / "a.pyc").write_text("ignored")
-    assert fleet.tree_hash([kit]) == fleet.tree_hash([kit])
+    assert fleet.tree_hash([kit]) == changed
 
 
 def test_node_spec_parsing():

@@ -156,14 +156,18 @@ def labels(
     return out
 
 
-# Packages whose presence means an NVIDIA kernel module is installed: Debian
-# (nvidia-kernel-dkms / nvidia-open-kernel-dkms), Ubuntu (nvidia-dkms-<branch>[-server|
-# -open], precompiled linux-modules-nvidia-<branch>-...), RHEL family (kmod-nvidia*).
+# Packages whose presence means an NVIDIA kernel module is installed, and whose
+# version is the driver's: Debian (nvidia-kernel-dkms / nvidia-open-kernel-dkms),
+# NVIDIA's Debian/Ubuntu repo (nvidia-kernel-open-dkms), Ubuntu (nvidia-dkms-<branch>…,
+# nvidia-kernel-common-<branch>-server), RHEL family (kmod-nvidia*).
 DPKG_DRIVER_PATTERNS = (
     "nvidia-kernel-dkms",
     "nvidia-open-kernel-dkms",
+    "nvidia-kernel-open-dkms",
     "nvidia-dkms-*",
-    "linux-modules-nvidia-*",
+    # Canonical's precompiled linux-modules-nvidia-* carry the kernel's version, not
+    # the driver's; the matching nvidia-kernel-common-<branch>-server carries it.
+    "nvidia-kernel-common-*",
 )
 RPM_DRIVER_PATTERNS = ("kmod-nvidia*", "nvidia-kmod*")
 DPKG_QUERY_FORMAT = "${db:Status-Abbrev}|${Package}|${Version}\\n"

@@ -14,7 +14,7 @@ import re
 SUPPORTED = "Debian 12, Ubuntu 22.04/24.04, RHEL/Rocky/AlmaLinux 8/9"
 RHEL_LIKE = ("rhel", "rocky", "almalinux", "centos")
 BRANCH_RE = re.compile(r"^[0-9]{3}$")
-VERSION_RE = re.compile(r"^[0-9]{3}\.[0-9]{2,3}(\.[0-9]{2,3})?$")
+VERSION_RE = re.compile(r"^[0-9]{3}\.[0-9]{2,3}\.[0-9]{2,3}$")
 # GPUs from Turing (compute 7.5) on can run the open kernel modules; Blackwell
 # (compute 10 and 12) can run nothing else. NVIDIA made open the default from 560 on.
 OPEN_MIN_COMPUTE = (7, 5)
@@ -215,12 +215,9 @@ def _rhel(os_version, branch, version, module_type, source, base_url, kernel, fm
         "hold": ["nvidia-driver", "nvidia-driver-cuda", "kmod-nvidia*"],
         "headers": [f"kernel-devel-{kernel}", f"kernel-headers-{kernel}"],
         "initramfs_command": ["dracut", "-f"],
-        # The RPM is spelled with a second hyphen.
-        "fabricmanager": [
-            f"nvidia-fabric-manager-{version}" if version else "nvidia-fabric-manager"
-        ]
-        if fm
-        else [],
+        # The RPM is spelled with a second hyphen; the role installs it at the
+        # installed driver's version.
+        "fabricmanager": ["nvidia-fabric-manager"] if fm else [],
     }
 
 
