@@ -95,6 +95,20 @@ def test_a_node_without_gpus_is_labelled_not_present():
     }
 
 
+def test_an_open_module_installed_under_a_loaded_proprietary_one_is_visible():
+    facts = discovery.driver_facts(
+        "535.261.03",
+        "POE",
+        {
+            "version": "535.261.03",
+            "module_type": "open",
+            "installed_by": "package",
+            "package": "nvidia-open-kernel-dkms",
+        },
+    )
+    assert (facts["module_type"], facts["installed_module_type"]) == ("proprietary", "open")
+
+
 @pytest.mark.parametrize(
     ("loaded", "taint", "installed", "state", "module_type", "installed_by"),
     [

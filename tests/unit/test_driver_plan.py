@@ -56,6 +56,15 @@ def test_debian12_hgx_gets_fabric_manager_from_the_cuda_repo():
     assert plan["fabricmanager"] == ["nvidia-fabricmanager-535"]
     cuda = plan["repositories"][-1]
     assert cuda["uris"] == ["file:/srv/mirror/cuda/debian12/x86_64"]
+    # Nothing but the fabric manager may come from NVIDIA's repository then.
+    assert plan["cuda_repo_pin"] == {
+        "selector": 'origin ""',
+        "allowed": "nvidia-fabricmanager-* libnvidia-nscq-*",
+    }
+    remote = driver_plan(facts("debian", "12", nvswitches=4), branch="535", cuda_repo_base_url=CUDA)
+    assert remote["cuda_repo_pin"]["selector"] == 'origin "developer.download.nvidia.com"'
+    plain = driver_plan(facts("debian", "12"), branch="535", cuda_repo_base_url=CUDA)
+    assert plain["cuda_repo_pin"] is None
     assert cuda["key_url"] == "file:/srv/mirror/cuda/debian12/x86_64/3bf863cc.pub"
 
 
@@ -194,3 +203,17 @@ def test_branch_and_version_validation(branch, version, message):
 def test_unsupported_os_lists_the_supported_ones():
     with pytest.raises(AnsibleFilterError, match=r"sles 15\.5 is not supported; supported: Debian"):
         driver_plan(facts("sles", "15.5"), branch="535", cuda_repo_base_url=CUDA)
+
+
+def test_debian_mirrors_are_configurable_separately():
+    plan = driver_plan(
+        facts("debian", "12"),
+        branch="535",
+        cuda_repo_base_url=CUDA,
+        debian_mirror="http://mirror.example.internal/deb",
+        debian_security_mirror="http://mirror.example.internal/deb-sec",
+    )
+    assert [r["uris"] for r in plan["repositories"]] == [
+        ["http://mirror.example.internal/deb"],
+        ["http://mirror.example.internal/deb-sec"],
+    ]

@@ -22,6 +22,15 @@ def test_node_was_rebooted_into_a_validated_driver(host):
     assert marker["IS_HOST_DRIVER"] == "true" and marker["NVIDIA_DRIVER_ROOT"] == "/"
 
 
+def test_only_the_fabric_manager_comes_from_the_cuda_repository(host):
+    # The stand-in CUDA repository offers a 580 nvidia-kernel-dkms; Debian's 535 wins.
+    policy = host.check_output("apt-cache policy nvidia-kernel-dkms")
+    assert "580.95.05-1" in policy
+    assert version(host, "nvidia-kernel-dkms").startswith("535.")
+    # apt-cache policy prints each version with its pin priority: -1, never installed.
+    assert "580.95.05-1 -1" in " ".join(policy.split())
+
+
 def test_persistence_daemon_and_fabric_manager_run(host):
     for unit in ("nvidia-persistenced", "nvidia-fabricmanager"):
         assert host.service(unit).is_enabled and host.service(unit).is_running

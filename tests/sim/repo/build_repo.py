@@ -142,6 +142,17 @@ def packages() -> list[Package]:
             conffiles=("/etc/dcgm-exporter/default-counters.csv",),
         ),
     ]
+    # NVIDIA's CUDA repository also carries driver packages under Debian's names, at
+    # other branches: a node that takes its driver from Debian must never pick these.
+    result += [
+        Package(
+            name,
+            "580.95.05-1",
+            CUDA_REPO,
+            "Stands for the CUDA repository's own driver packages (gpufleet stand-in)",
+        )
+        for name in ("nvidia-kernel-dkms", "nvidia-smi", "libcuda1")
+    ]
     for version in FABRICMANAGER_VERSIONS:
         branch = version.split(".", 1)[0]
         result.append(
@@ -213,7 +224,12 @@ def _build_deb(pkg: Package, standins: Path, work: Path, out_dir: Path) -> None:
     )
 
 
-def _sign_repo(repo: Path, gnupg: Path, key_id: str) -> None:
+# Each repository's Release Label, so that apt preferences can tell the two local
+# repositories apart (both are file: sources, which apt gives the same empty origin).
+LABELS = {TOOLKIT_REPO: "gpufleet-standin-libnvidia-container", CUDA_REPO: "gpufleet-standin-cuda"}
+
+
+def _sign_repo(repo: Path, gnupg: Path, key_id: str, label: str) -> None:
     with (repo / "Packages").open("w") as handle:
         _run(["apt-ftparchive", "packages", "."], cwd=repo, stdout=handle)
     with (repo / "Release").open("w") as handle:
@@ -223,7 +239,7 @@ def _sign_repo(repo: Path, gnupg: Path, key_id: str) -> None:
                 "-o",
                 "APT::FTPArchive::Release::Origin=gpufleet-test-fixture",
                 "-o",
-                "APT::FTPArchive::Release::Label=gpufleet stand-ins",
+                f"APT::FTPArchive::Release::Label={label}",
                 "release",
                 ".",
             ],
@@ -303,7 +319,7 @@ def build(source_dir: Path, out: Path) -> Path:
             (TOOLKIT_REPO, "libnvidia-container/gpgkey"),
             (CUDA_REPO, f"{CUDA_REPO}/3bf863cc.pub"),
         ):
-            _sign_repo(staging / repo, gnupg, key_id)
+            _sign_repo(staging / repo, gnupg, key_id, LABELS[repo])
             (staging / key_path).write_bytes(armoured)
         shutil.rmtree(work)
         shutil.rmtree(gnupg)

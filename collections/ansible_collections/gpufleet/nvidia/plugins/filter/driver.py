@@ -45,6 +45,10 @@ options:
     description: Debian archive mirror.
     type: str
     default: http://deb.debian.org/debian
+  debian_security_mirror:
+    description: Debian security archive mirror.
+    type: str
+    default: http://deb.debian.org/debian-security
   fabricmanager:
     description: C(auto) (when the node has NVSwitches), C(always) or C(never).
     type: str
@@ -81,6 +85,7 @@ def driver_plan(
     source="distro",
     debian_mirror="http://deb.debian.org/debian",
     fabricmanager="auto",
+    debian_security_mirror="http://deb.debian.org/debian-security",
 ):
     computes = [
         (g["compute_major"], g["compute_minor"] or 0)
@@ -103,8 +108,9 @@ def driver_plan(
             resolved,
             source,
             cuda_repo_base_url,
-            debian_mirror,
-            wants_fm,
+            debian_mirror=debian_mirror,
+            debian_security_mirror=debian_security_mirror,
+            fabricmanager=wants_fm,
         )
     except dp.PlanError as exc:
         raise AnsibleFilterError(str(exc)) from exc

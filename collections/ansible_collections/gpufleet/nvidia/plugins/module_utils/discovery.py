@@ -57,6 +57,7 @@ def driver_facts(
         # What the package database (or modinfo) says is installed; differs from a
         # loaded version until the new module is loaded.
         "installed_version": (installed or {}).get("version"),
+        "installed_module_type": (installed or {}).get("module_type"),
         "module_type": module_type,
         "installed_by": (installed or {}).get("installed_by")
         or ("other" if loaded_version else None),

@@ -80,7 +80,9 @@ def _kernel_flavour(kernel):
     return match.group(1) if match else "generic"
 
 
-def _debian(os_version, branch, version, module_type, source, base_url, mirror, kernel, fm):
+def _debian(
+    os_version, branch, version, module_type, source, base_url, mirror, security, kernel, fm
+):
     if os_version.split(".")[0] != "12":
         raise PlanError(f"Debian {os_version} is not supported; supported: {SUPPORTED}")
     plan = {
@@ -110,7 +112,7 @@ def _debian(os_version, branch, version, module_type, source, base_url, mirror, 
         plan["repositories"].append(
             {
                 "name": "debian-security-nvidia",
-                "uris": [re.sub(r"/debian/?$", "/debian-security", mirror)],
+                "uris": [security],
                 "suites": ["bookworm-security"],
                 "components": ["contrib", "non-free", "non-free-firmware"],
                 "signed_by": "/usr/share/keyrings/debian-archive-keyring.gpg",
@@ -125,9 +127,21 @@ def _debian(os_version, branch, version, module_type, source, base_url, mirror, 
         plan.update(_cuda_deb_packages(branch, version, module_type))
     plan["fabricmanager"] = _fm_deb(branch, version) if fm else []
     if fm and source == "distro":
-        # Debian does not package the fabric manager: it comes from NVIDIA's repo.
+        # Debian does not package the fabric manager: it comes from NVIDIA's repo,
+        # which also offers driver packages of Debian's names at other versions.
+        # Only the fabric manager (and its NSCQ library) may come from there.
         plan["repositories"].append(_cuda_deb_repo(base_url, "debian12"))
+        plan["cuda_repo_pin"] = {
+            "selector": f'origin "{_origin(base_url)}"',
+            "allowed": "nvidia-fabricmanager-* libnvidia-nscq-*",
+        }
     return plan
+
+
+def _origin(url):
+    """apt's "origin" of a source: its host name (empty for file: sources)."""
+    match = re.match(r"^[a-z+]+://([^/:]+)", url)
+    return match.group(1) if match else ""
 
 
 def _cuda_deb_repo(base_url, distro):
@@ -247,6 +261,7 @@ def plan(
     source,
     cuda_repo_base_url,
     debian_mirror="http://deb.debian.org/debian",
+    debian_security_mirror="http://deb.debian.org/debian-security",
     fabricmanager=False,
 ):
     """The install plan for one node. Raises PlanError naming the variable at fault."""
@@ -259,7 +274,9 @@ def plan(
     os_id = (os_id or "").lower()
     args = (branch, version or "", module_type, source, cuda_repo_base_url)
     if os_id == "debian":
-        result = _debian(os_version, *args, debian_mirror, kernel, fabricmanager)
+        result = _debian(
+            os_version, *args, debian_mirror, debian_security_mirror, kernel, fabricmanager
+        )
     elif os_id == "ubuntu":
         result = _ubuntu(os_version, *args, kernel, fabricmanager)
     elif os_id in RHEL_LIKE:
@@ -270,6 +287,7 @@ def plan(
         )
     if result["family"] in ("debian", "ubuntu"):
         result["apt_pin"] = _apt_pin(version)
+        result.setdefault("cuda_repo_pin", None)
     result["module_type"] = module_type
     result["branch"] = branch
     result["version"] = version or None

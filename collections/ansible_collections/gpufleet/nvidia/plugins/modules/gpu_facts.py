@@ -80,7 +80,8 @@ ansible_facts:
           sample: 4
         driver:
           description: C(state) (absent, installed, loaded), C(version) (the loaded one
-            when loaded), C(installed_version), C(module_type) (open, proprietary),
+            when loaded), C(installed_version), C(module_type) (open, proprietary; of the
+            loaded module when loaded), C(installed_module_type),
             C(installed_by) (package, other), C(package).
           type: dict
         cuda_version:
