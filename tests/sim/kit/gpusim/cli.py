@@ -53,7 +53,8 @@ def _is_nvidia_module(name: str) -> bool:
 def modprobe(argv: Sequence[str]) -> int:
     remove = any(a in ("-r", "--remove") for a in argv)
     quiet = any(a in ("-q", "--quiet") for a in argv)
-    names = [a for a in argv if not a.startswith("-")]
+    # Module parameters (NVreg_...=value) follow the module name; they change nothing here.
+    names = [a for a in argv if not a.startswith("-") and "=" not in a]
     if not names or not all(_is_nvidia_module(n) for n in names):
         # Not ours: the real modprobe (it will find no modules for the host kernel).
         os.execv(REAL_MODPROBE, ["modprobe", *argv])
@@ -63,8 +64,6 @@ def modprobe(argv: Sequence[str]) -> int:
                 node.unload_module(name)
             else:
                 node.load_module(name)
-                if "=" in " ".join(argv):
-                    break  # module parameters follow the module name
     except node.ModuleError as exc:
         if not quiet:
             print(exc, file=sys.stderr)

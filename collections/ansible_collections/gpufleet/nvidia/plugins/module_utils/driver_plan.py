@@ -69,11 +69,6 @@ def _apt_pin(version):
     return {"packages": DEB_DRIVER_PACKAGE_REGEX, "version": f"{version}-*"}
 
 
-def _pin_deb(name, version):
-    # Versions are chosen by the apt pin (see _apt_pin), not on the package name.
-    return name
-
-
 def _kernel_flavour(kernel):
     """'5.15.0-91-generic' -> 'generic'."""
     match = re.match(r"^[0-9.]+-[0-9]+-(.+)$", kernel or "")
@@ -85,13 +80,7 @@ def _debian(
 ):
     if os_version.split(".")[0] != "12":
         raise PlanError(f"Debian {os_version} is not supported; supported: {SUPPORTED}")
-    plan = {
-        "family": "debian",
-        "repositories": [],
-        "headers": [f"linux-headers-{kernel}"],
-        "initramfs_command": ["update-initramfs", "-u"],
-        "module_stream": None,
-    }
+    plan = _apt_family_plan("debian", kernel)
     if source == "distro":
         if branch != "535":
             raise PlanError(
@@ -119,9 +108,9 @@ def _debian(
             }
         )
         kmod = "nvidia-open-kernel-dkms" if module_type == "open" else "nvidia-kernel-dkms"
-        versioned = [kmod, "nvidia-smi", "libnvidia-ml1", "libcuda1", "firmware-nvidia-gsp"]
-        plan["packages"] = [_pin_deb(p, version) for p in versioned] + ["nvidia-persistenced"]
-        plan["hold"] = versioned
+        held = [kmod, "nvidia-smi", "libnvidia-ml1", "libcuda1", "firmware-nvidia-gsp"]
+        plan["packages"] = [*held, "nvidia-persistenced"]
+        plan["hold"] = held
     else:
         plan["repositories"].append(_cuda_deb_repo(base_url, "debian12"))
         plan.update(_cuda_deb_packages(branch, version, module_type))
@@ -136,6 +125,17 @@ def _debian(
             "allowed": "nvidia-fabricmanager-* libnvidia-nscq-*",
         }
     return plan
+
+
+def _apt_family_plan(family, kernel):
+    """What Debian and Ubuntu plans share: headers of the running kernel, initramfs-tools."""
+    return {
+        "family": family,
+        "repositories": [],
+        "headers": [f"linux-headers-{kernel}"],
+        "initramfs_command": ["update-initramfs", "-u"],
+        "module_stream": None,
+    }
 
 
 def _origin(url):
@@ -159,35 +159,29 @@ def _cuda_deb_packages(branch, version, module_type):
     # NVIDIA's CUDA repository: cuda-drivers-<branch> (proprietary) or
     # nvidia-driver-<branch>-open.
     meta = f"nvidia-driver-{branch}-open" if module_type == "open" else f"cuda-drivers-{branch}"
-    return {"packages": [_pin_deb(meta, version)], "hold": [meta]}
+    return {"packages": [meta], "hold": [meta]}
 
 
 def _fm_deb(branch, version):
-    return [_pin_deb(f"nvidia-fabricmanager-{branch}", version)]
+    return [f"nvidia-fabricmanager-{branch}"]
 
 
 def _ubuntu(os_version, branch, version, module_type, source, base_url, kernel, fm):
     if os_version not in ("22.04", "24.04"):
         raise PlanError(f"Ubuntu {os_version} is not supported; supported: {SUPPORTED}")
     distro = "ubuntu" + os_version.replace(".", "")
-    plan = {
-        "family": "ubuntu",
-        "repositories": [],
-        "headers": [f"linux-headers-{kernel}"],
-        "initramfs_command": ["update-initramfs", "-u"],
-        "module_stream": None,
-    }
+    plan = _apt_family_plan("ubuntu", kernel)
     if source == "distro":
         # Canonical's server builds; precompiled, signed modules for the kernel
         # flavour where they exist, DKMS otherwise.
         suffix = "-open" if module_type == "open" else ""
         headless = f"nvidia-headless-{branch}-server{suffix}"
         utils = f"nvidia-utils-{branch}-server"
-        plan["packages"] = [_pin_deb(headless, version), _pin_deb(utils, version)]
+        plan["packages"] = [headless, utils]
         plan["precompiled_modules"] = (
             f"linux-modules-nvidia-{branch}-server{suffix}-{_kernel_flavour(kernel)}"
         )
-        plan["dkms_modules"] = _pin_deb(f"nvidia-dkms-{branch}-server{suffix}", version)
+        plan["dkms_modules"] = f"nvidia-dkms-{branch}-server{suffix}"
         plan["hold"] = [headless, utils]
         plan["fabricmanager"] = _fm_deb(branch, version) if fm else []
     else:
