@@ -19,7 +19,7 @@ export ANSIBLE_FORCE_COLOR ?= 0
 export NO_COLOR ?= 1
 export PY_COLORS ?= 0
 
-.PHONY: help deps venv image repo fleet fleet-down fleet-status demo test lint unit molecule clean
+.PHONY: help deps venv consumers image repo fleet fleet-down fleet-status demo test lint unit molecule clean
 
 help:
 	@echo "make demo    start the simulated GPU fleet and run the main job on it"
@@ -62,7 +62,11 @@ lint: venv
 	ruff format --check src tests collections molecule
 	mypy
 
-unit: venv
+# Real programs the unit tests feed our configs to (Debian's containerd, unpacked).
+consumers:
+	@bash tests/tools/consumers.sh
+
+unit: venv consumers
 	pytest
 
 # Scenario gpu-vm needs VMs with passthrough GPUs: only its syntax is checked here.

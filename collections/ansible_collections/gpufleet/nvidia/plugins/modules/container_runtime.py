@@ -1,0 +1,279 @@
+#!/usr/bin/python
+# Copyright: gpufleet developers
+# Apache License 2.0 (see the repository's LICENSE)
+"""Ansible module: the NVIDIA runtime in containerd's, Docker's or CRI-O's config."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: container_runtime
+short_description: Add the NVIDIA runtime to a container runtime's config, keeping the rest
+version_added: 0.1.0
+description:
+  - Edits the config of containerd (versions 1, 2 and 3 of its schema), Docker
+    (C(daemon.json)) or CRI-O (a drop-in) the way C(nvidia-ctk runtime configure)
+    does, and leaves every other setting, comment and table as it was.
+  - containerd gets C(plugins.<cri>.containerd.runtimes.<runtime_name>) of type
+    C(io.containerd.runc.v2) with C(options.BinaryName) = O(runtime_path); a new entry
+    copies the default runtime's options first (so C(SystemdCgroup) carries over).
+    With O(drop_in_path) the entry goes into a drop-in instead and the main config
+    gains an C(imports) entry; the drop-in carries the main config's whole CRI plugin
+    table, because containerd before 2.1 replaces imported plugin tables.
+  - For k3s and RKE2 point O(config_path) at C(config.toml.tmpl) and O(template_base)
+    at the generated C(config.toml); for MicroK8s at C(args/containerd-template.toml).
+  - Writes atomically, keeps a backup of a file it changes (O(backup)), supports check
+    mode and diff. Does not restart anything; the runtime_config role does, on change.
+requirements:
+  - tomlkit (python3-tomlkit) on the node, for containerd and CRI-O
+options:
+  runtime:
+    description: The container runtime whose config is edited.
+    type: str
+    required: true
+    choices: [containerd, docker, crio]
+  config_path:
+    description:
+      - The config file. Defaults to C(/etc/containerd/config.toml),
+        C(/etc/docker/daemon.json) or C(/etc/crio/crio.conf.d/99-nvidia.toml).
+    type: path
+  drop_in_path:
+    description:
+      - containerd only. Write the NVIDIA settings to this file (for example
+        C(/etc/containerd/conf.d/99-nvidia.toml)) and import it from O(config_path).
+    type: path
+  template_base:
+    description:
+      - When O(config_path) does not exist yet, start from this file (the config k3s or
+        RKE2 generated, when creating their C(config.toml.tmpl)).
+    type: path
+  containerd_config_version:
+    description:
+      - Schema version for a containerd config that is empty or missing (2 for
+        containerd 1.x, 3 for 2.x). An existing config keeps its own version.
+    type: int
+    default: 2
+    choices: [1, 2, 3]
+  state:
+    description: Whether the NVIDIA runtime is configured.
+    type: str
+    default: present
+    choices: [present, absent]
+  runtime_name:
+    description: Name of the runtime entry (and of a Kubernetes RuntimeClass handler).
+    type: str
+    default: nvidia
+  runtime_path:
+    description: The NVIDIA runtime binary.
+    type: path
+    default: /usr/bin/nvidia-container-runtime
+  set_as_default:
+    description:
+      - Make it the default runtime. C(false) also returns a default that names it
+        to the runtime's own default (C(runc) for containerd).
+    type: bool
+    default: false
+  enable_cdi:
+    description:
+      - Turn on CDI device injection (containerd C(enable_cdi), Docker C(features.cdi)).
+        C(false) leaves the setting as it is. CRI-O reads CDI specs by default.
+    type: bool
+    default: false
+  backup:
+    description: Keep a timestamped copy of a file before changing it.
+    type: bool
+    default: true
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: full
+author:
+  - gpufleet developers
+"""
+
+EXAMPLES = r"""
+- name: NVIDIA runtime in containerd, as the default, with CDI
+  gpufleet.nvidia.container_runtime:
+    runtime: containerd
+    set_as_default: true
+    enable_cdi: true
+
+- name: As a drop-in, leaving config.toml's own tables alone
+  gpufleet.nvidia.container_runtime:
+    runtime: containerd
+    drop_in_path: /etc/containerd/conf.d/99-nvidia.toml
+
+- name: RKE2 agent
+  gpufleet.nvidia.container_runtime:
+    runtime: containerd
+    config_path: /var/lib/rancher/rke2/agent/etc/containerd/config.toml.tmpl
+    template_base: /var/lib/rancher/rke2/agent/etc/containerd/config.toml
+
+- name: Docker
+  gpufleet.nvidia.container_runtime:
+    runtime: docker
+"""
+
+RETURN = r"""
+changed_files:
+  description: Files written (or that would be, in check mode).
+  returned: always
+  type: list
+  elements: str
+removed_files:
+  description: Files removed (a drop-in with nothing left in it).
+  returned: always
+  type: list
+  elements: str
+backup_files:
+  description: Backups made of changed files.
+  returned: always
+  type: list
+  elements: str
+config_version:
+  description: containerd config schema version of the edited file.
+  returned: when runtime is containerd
+  type: int
+"""
+
+import os
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import runtime_config as rc
+
+DEFAULT_PATHS = {
+    "containerd": "/etc/containerd/config.toml",
+    "docker": "/etc/docker/daemon.json",
+    "crio": "/etc/crio/crio.conf.d/99-nvidia.toml",
+}
+
+
+def _read(path):
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read()
+    except FileNotFoundError:
+        return None
+
+
+def _write(module, path, text, backups):
+    """Atomically replace `path` with `text`, keeping a backup and the file's mode."""
+    directory = os.path.dirname(path)
+    if not os.path.isdir(directory):
+        os.makedirs(directory, mode=0o755)
+    if os.path.exists(path) and module.params["backup"]:
+        backups.append(module.backup_local(path))
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.gpufleet.tmp")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    if not os.path.exists(path):
+        os.chmod(tmp, 0o644)
+    module.atomic_move(tmp, path)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "runtime": {
+                "type": "str",
+                "required": True,
+                "choices": ["containerd", "docker", "crio"],
+            },
+            "config_path": {"type": "path"},
+            "drop_in_path": {"type": "path"},
+            "template_base": {"type": "path"},
+            "containerd_config_version": {"type": "int", "default": 2, "choices": [1, 2, 3]},
+            "state": {"type": "str", "default": "present", "choices": ["present", "absent"]},
+            "runtime_name": {"type": "str", "default": "nvidia"},
+            "runtime_path": {"type": "path", "default": "/usr/bin/nvidia-container-runtime"},
+            "set_as_default": {"type": "bool", "default": False},
+            "enable_cdi": {"type": "bool", "default": False},
+            "backup": {"type": "bool", "default": True},
+        },
+        supports_check_mode=True,
+    )
+    p = module.params
+    runtime = p["runtime"]
+    if p["drop_in_path"] and runtime != "containerd":
+        module.fail_json(msg=f"drop_in_path: only containerd takes a drop-in here, not {runtime}")
+    if runtime in ("containerd", "crio") and not rc.HAS_TOMLKIT:
+        module.fail_json(msg=missing_required_lib("tomlkit (Debian/Ubuntu: python3-tomlkit)"))
+    if not p["runtime_name"] or not p["runtime_name"].replace("-", "").replace("_", "").isalnum():
+        module.fail_json(
+            msg=f"runtime_name: expected letters, digits, - or _, got {p['runtime_name']!r}"
+        )
+    config_path = p["config_path"] or DEFAULT_PATHS[runtime]
+    wanted = {
+        "runtime_name": p["runtime_name"],
+        "runtime_path": p["runtime_path"],
+        "set_as_default": p["set_as_default"],
+        "enable_cdi": p["enable_cdi"],
+        "present": p["state"] == "present",
+    }
+    # `before` is what the file holds (None: no file); `current` what is edited,
+    # which for a new k3s/RKE2 template is the generated config it starts from.
+    before = current = _read(config_path)
+    if current is None and p["template_base"]:
+        current = _read(p["template_base"])
+    result = {"changed_files": [], "removed_files": [], "backup_files": []}
+    # (path, text before, text after or None to remove)
+    edits = []
+    try:
+        if runtime == "containerd" and p["drop_in_path"]:
+            main_after, drop_after, result["config_version"] = rc.containerd_drop_in(
+                current,
+                config_path,
+                p["drop_in_path"],
+                new_version=p["containerd_config_version"],
+                **wanted,
+            )
+            edits.append((config_path, before, main_after))
+            edits.append((p["drop_in_path"], _read(p["drop_in_path"]), drop_after))
+        elif runtime == "containerd":
+            after, result["config_version"] = rc.containerd_in_place(
+                current, config_path, new_version=p["containerd_config_version"], **wanted
+            )
+            edits.append((config_path, before, after))
+        elif runtime == "docker":
+            after = rc.docker_daemon_json(current, config_path, **wanted)
+            edits.append((config_path, current, after))
+        else:
+            edits.append((config_path, current, rc.crio_drop_in(current, config_path, **wanted)))
+    except rc.ConfigError as exc:
+        module.fail_json(msg=str(exc), **result)
+
+    diffs = []
+    for path, old, new in edits:
+        if new is None:
+            if old is None:
+                continue
+            result["removed_files"].append(path)
+        elif old is not None and old == new:
+            continue
+        elif old is None and not wanted["present"]:
+            # Nothing configured and nothing wanted: do not create a file.
+            continue
+        else:
+            result["changed_files"].append(path)
+        diffs.append(
+            {"before_header": path, "after_header": path, "before": old or "", "after": new or ""}
+        )
+
+    if not module.check_mode:
+        for path, _old, new in edits:
+            if path in result["removed_files"]:
+                if p["backup"]:
+                    result["backup_files"].append(module.backup_local(path))
+                os.remove(path)
+            elif path in result["changed_files"]:
+                _write(module, path, new, result["backup_files"])
+
+    module.exit_json(
+        changed=bool(result["changed_files"] or result["removed_files"]), diff=diffs, **result
+    )
+
+
+if __name__ == "__main__":
+    main()

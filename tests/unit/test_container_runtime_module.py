@@ -1,0 +1,125 @@
+"""The container_runtime module through Ansible: check mode, diff, backup, idempotence."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import PROJECT
+
+ORIGINAL = """# kept
+version = 2
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+    SystemdCgroup = true
+"""
+
+
+def run_module(args: dict, *flags: str) -> dict:
+    env = dict(
+        os.environ,
+        ANSIBLE_CONFIG=str(PROJECT / "ansible.cfg"),
+        ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
+        ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
+        ANSIBLE_NOCOLOR="1",
+    )
+    result = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "ansible"),
+            "localhost",
+            "-c",
+            "local",
+            "-e",
+            json.dumps({"ansible_python_interpreter": sys.executable}),
+            "-m",
+            "gpufleet.nvidia.container_runtime",
+            "-a",
+            json.dumps(args),
+            *flags,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=PROJECT,
+        check=False,
+    )
+    report = json.loads(result.stdout)
+    return report["plays"][0]["tasks"][0]["hosts"]["localhost"]
+
+
+def test_check_mode_predicts_then_apply_writes_with_a_backup_then_nothing(tmp_path):
+    config = tmp_path / "config.toml"
+    config.write_text(ORIGINAL)
+    args = {"runtime": "containerd", "config_path": str(config), "set_as_default": True}
+
+    predicted = run_module(args, "--check", "--diff")
+    assert predicted["changed"] is True
+    assert config.read_text() == ORIGINAL
+    assert 'default_runtime_name = "nvidia"' in predicted["diff"][0]["after"]
+
+    applied = run_module(args)
+    assert applied["changed"] is True
+    assert applied["changed_files"] == [str(config)]
+    (backup,) = applied["backup_files"]
+    assert Path(backup).read_text() == ORIGINAL
+    assert 'BinaryName = "/usr/bin/nvidia-container-runtime"' in config.read_text()
+    assert config.read_text().startswith("# kept\n")
+
+    again = run_module(args)
+    assert again["changed"] is False
+    assert again["backup_files"] == []
+
+
+def test_absent_on_a_missing_file_creates_nothing(tmp_path):
+    config = tmp_path / "daemon.json"
+    result = run_module({"runtime": "docker", "config_path": str(config), "state": "absent"})
+    assert result["changed"] is False
+    assert not config.exists()
+
+
+def test_broken_config_fails_naming_it_and_is_left_alone(tmp_path):
+    config = tmp_path / "config.toml"
+    config.write_text("[plugins\n")
+    result = run_module({"runtime": "containerd", "config_path": str(config)})
+    assert result["failed"] is True
+    assert f"{config} is not valid TOML" in result["msg"]
+    assert config.read_text() == "[plugins\n"
+    assert list(tmp_path.iterdir()) == [config]
+
+
+def test_k3s_template_starts_from_the_generated_config(tmp_path):
+    generated = tmp_path / "config.toml"
+    generated.write_text(ORIGINAL)
+    template = tmp_path / "config.toml.tmpl"
+    result = run_module(
+        {"runtime": "containerd", "config_path": str(template), "template_base": str(generated)}
+    )
+    assert result["changed_files"] == [str(template)]
+    assert generated.read_text() == ORIGINAL
+    assert template.read_text().startswith(ORIGINAL)
+    assert "runtimes.nvidia" in template.read_text()
+
+
+def test_a_drop_in_is_containerd_only(tmp_path):
+    result = run_module(
+        {"runtime": "docker", "config_path": str(tmp_path / "d.json"), "drop_in_path": "/x.json"}
+    )
+    assert result["failed"] is True
+    assert result["msg"].startswith("drop_in_path: only containerd")
+
+
+def test_absent_drop_in_layout_on_a_node_without_config_writes_nothing(tmp_path):
+    result = run_module(
+        {
+            "runtime": "containerd",
+            "config_path": str(tmp_path / "config.toml"),
+            "drop_in_path": str(tmp_path / "conf.d" / "99-nvidia.toml"),
+            "state": "absent",
+        }
+    )
+    assert result["changed"] is False
+    assert list(tmp_path.iterdir()) == []
