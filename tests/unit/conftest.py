@@ -11,3 +11,30 @@ for path in (PROJECT / "collections", PROJECT / "tests" / "sim" / "kit", PROJECT
         sys.path.insert(0, str(path))
 
 FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def run_ansible(command: str, *args: str) -> tuple[int, dict]:
+    """Run `ansible` or `ansible-playbook` of this venv with the project's config.
+
+    Returns the exit code and the JSON report (ansible.posix.json callback).
+    """
+    import json
+    import os
+    import subprocess
+
+    env = dict(
+        os.environ,
+        ANSIBLE_CONFIG=str(PROJECT / "ansible.cfg"),
+        ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
+        ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
+        ANSIBLE_NOCOLOR="1",
+    )
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / command), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=PROJECT,
+        check=False,
+    )
+    return result.returncode, json.loads(result.stdout)

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
-from conftest import PROJECT
+from conftest import run_ansible
 
 ORIGINAL = """# kept
 version = 2
@@ -20,34 +18,19 @@ version = 2
 
 
 def run_module(args: dict, *flags: str) -> dict:
-    env = dict(
-        os.environ,
-        ANSIBLE_CONFIG=str(PROJECT / "ansible.cfg"),
-        ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
-        ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
-        ANSIBLE_NOCOLOR="1",
+    _rc, report = run_ansible(
+        "ansible",
+        "localhost",
+        "-c",
+        "local",
+        "-e",
+        json.dumps({"ansible_python_interpreter": sys.executable}),
+        "-m",
+        "gpufleet.nvidia.container_runtime",
+        "-a",
+        json.dumps(args),
+        *flags,
     )
-    result = subprocess.run(
-        [
-            str(Path(sys.executable).parent / "ansible"),
-            "localhost",
-            "-c",
-            "local",
-            "-e",
-            json.dumps({"ansible_python_interpreter": sys.executable}),
-            "-m",
-            "gpufleet.nvidia.container_runtime",
-            "-a",
-            json.dumps(args),
-            *flags,
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=PROJECT,
-        check=False,
-    )
-    report = json.loads(result.stdout)
     return report["plays"][0]["tasks"][0]["hosts"]["localhost"]
 
 

@@ -90,9 +90,54 @@ def test_ubuntu_distro_uses_canonical_server_packages(version):
         module_type="open",
     )
     assert plan["packages"] == ["nvidia-headless-550-server-open", "nvidia-utils-550-server"]
-    assert plan["precompiled_modules"] == "linux-modules-nvidia-550-server-open-generic"
-    assert plan["dkms_modules"] == "nvidia-dkms-550-server-open"
+    assert plan["precompiled"] == {
+        "prefix": "linux-modules-nvidia-550-server-open-",
+        "kernel_package": "linux-modules-nvidia-550-server-open-5.15.0-91-generic",
+        "dkms_package": "nvidia-dkms-550-server-open",
+    }
     assert plan["repositories"] == []
+
+
+def _ubuntu_plan(kernel="6.8.0-45-generic"):
+    return driver_plan(
+        facts("ubuntu", "22.04", kernel=kernel), branch="535", cuda_repo_base_url=CUDA
+    )
+
+
+def test_ubuntu_hwe_kernel_gets_its_precompiled_signed_modules_and_flavour_metapackage():
+    # An HWE kernel: its flavour metapackage is linux-image-generic-hwe-22.04, so
+    # the module metapackage that follows its updates is ...-generic-hwe-22.04.
+    available = [
+        "linux-modules-nvidia-535-server-6.8.0-45-generic",
+        "linux-modules-nvidia-535-server-5.15.0-91-generic",
+        "linux-modules-nvidia-535-server-generic",
+        "linux-modules-nvidia-535-server-generic-hwe-22.04",
+    ]
+    installed = ["linux-image-6.8.0-45-generic", "linux-image-generic-hwe-22.04"]
+    modules = dp.kernel_modules(_ubuntu_plan(), available, installed)
+    assert modules == {
+        "packages": [
+            "linux-modules-nvidia-535-server-6.8.0-45-generic",
+            "linux-modules-nvidia-535-server-generic-hwe-22.04",
+        ],
+        "hold": ["linux-modules-nvidia-535-server-6.8.0-45-generic"],
+        "signed": True,
+    }
+
+
+def test_ubuntu_kernel_without_precompiled_modules_falls_back_to_dkms_unsigned():
+    available = ["linux-modules-nvidia-535-server-5.15.0-91-generic"]
+    modules = dp.kernel_modules(_ubuntu_plan("6.9.3-custom"), available, ["linux-image-generic"])
+    assert modules == {
+        "packages": ["nvidia-dkms-535-server"],
+        "hold": ["nvidia-dkms-535-server"],
+        "signed": False,
+    }
+
+
+def test_plans_with_their_own_module_packages_need_no_selection():
+    plan = driver_plan(facts("debian", "12"), branch="535", cuda_repo_base_url=CUDA)
+    assert dp.kernel_modules(plan, [], []) == {"packages": [], "hold": [], "signed": False}
 
 
 def test_ubuntu_cuda_repo():
@@ -120,7 +165,7 @@ def test_rhel_family_uses_dnf_module_streams(os_id, version):
         cuda_repo_base_url=CUDA,
     )
     major = version.split(".")[0]
-    assert plan["module_stream"] == "nvidia-driver:535-dkms"
+    assert plan["module_stream"] == {"name": "nvidia-driver", "stream": "535-dkms"}
     assert plan["packages"] == ["@nvidia-driver:535-dkms"]
     assert plan["repositories"][0]["baseurl"] == f"{CUDA}/rhel{major}/x86_64"
     assert plan["headers"] == [
@@ -129,6 +174,23 @@ def test_rhel_family_uses_dnf_module_streams(os_id, version):
     ]
     assert plan["fabricmanager"] == ["nvidia-fabric-manager"]
     assert plan["initramfs_command"] == ["dracut", "-f"]
+
+
+def test_rhel_exact_version_installs_that_version_from_the_enabled_stream():
+    plan = driver_plan(
+        facts("rocky", "9.4", compute=(8, 0)),
+        branch="550",
+        version="550.127.05",
+        module_type="open",
+        source="cuda-repo",
+        cuda_repo_base_url=CUDA,
+    )
+    assert plan["module_stream"] == {"name": "nvidia-driver", "stream": "550-open"}
+    assert plan["packages"] == [
+        "nvidia-driver-550.127.05",
+        "nvidia-driver-cuda-550.127.05",
+        "kmod-nvidia-open-dkms-550.127.05",
+    ]
 
 
 def test_rhel_needs_the_cuda_repo():

@@ -8,14 +8,12 @@ only) and every case fails before the first task that could change anything.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import PROJECT
+from conftest import run_ansible
 
 PLAYBOOK = """
 - name: Driver stage against a fixture node
@@ -54,33 +52,11 @@ def run_driver_role(tmp_path: Path, device: str, secure_boot: bool = False, **va
         "ansible_python_interpreter": sys.executable,
         **variables,
     }
-    env = dict(
-        os.environ,
-        ANSIBLE_CONFIG=str(PROJECT / "ansible.cfg"),
-        ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
-        ANSIBLE_NOCOLOR="1",
+    # --check as a second guard: should a case get past validation, it still
+    # changes nothing on this machine.
+    return run_ansible(
+        "ansible-playbook", "--check", "-i", "localhost,", str(playbook), "-e", json.dumps(extra)
     )
-    bindir = Path(sys.executable).parent
-    result = subprocess.run(
-        [
-            str(bindir / "ansible-playbook"),
-            # --check as a second guard: should a case get past validation, it still
-            # changes nothing on this machine.
-            "--check",
-            "-i",
-            "localhost,",
-            str(playbook),
-            "-e",
-            json.dumps(extra),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=PROJECT,
-        check=False,
-    )
-    report = json.loads(result.stdout)
-    return result.returncode, report
 
 
 def _failure(report) -> str:

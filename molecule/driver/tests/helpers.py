@@ -23,8 +23,8 @@ def version(host, package: str) -> str:
     return host.check_output(f"dpkg-query -W -f='${{Version}}' {package}")
 
 
-def converge(args: list[str]) -> dict:
-    """Run the scenario's converge playbook with extra arguments; its JSON events."""
+def converge(args: list[str], playbook: Path | None = None, expect_rc: int = 0) -> dict:
+    """Run a playbook (the scenario's converge) with extra arguments; its JSON events."""
     env = dict(
         os.environ,
         ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
@@ -39,7 +39,7 @@ def converge(args: list[str]) -> dict:
             "-i",
             # The directory: molecule keeps host_vars and group_vars beside the file.
             os.path.dirname(os.environ["MOLECULE_INVENTORY_FILE"]),
-            str(PROJECT / "molecule" / "driver" / "converge.yml"),
+            str(playbook or PROJECT / "molecule" / "driver" / "converge.yml"),
         ],
         capture_output=True,
         text=True,
@@ -47,7 +47,7 @@ def converge(args: list[str]) -> dict:
         check=False,
         cwd=PROJECT,
     )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert result.returncode == expect_rc, result.stdout[-3000:] + result.stderr[-2000:]
     return json.loads(result.stdout)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import subprocess
 import time
 
-from helpers import BLACKLIST, HELD, READY, converge, held, stage_of, version
+from helpers import BLACKLIST, HELD, PROJECT, READY, converge, held, stage_of, version
 
 testinfra_hosts = ["podman://gpufleet-drv-t4"]
 
@@ -51,3 +51,51 @@ def test_version_change_is_disruptive_and_done_in_place(host):
     assert version(host, "nvidia-kernel-dkms").startswith("535.309.01-")
     assert host.service("nvidia-persistenced").is_running
     assert host.file(READY).exists
+
+
+def _loaded(host) -> str:
+    return host.check_output("nvidia-smi --query-gpu=driver_version --format=csv,noheader")
+
+
+def test_a_version_no_repository_has_fails_the_run_and_leaves_the_driver_running(host):
+    """Every host of the run fails (only this one): site.yml still reports, then fails."""
+    name = host.backend.get_hostname()
+    run = converge(
+        ["--limit", name, "-e", "driver_version=535.999.99"],
+        playbook=PROJECT / "site.yml",
+        expect_rc=2,
+    )
+    assert stage_of(run, name)["status"] == "failed"
+    report = run["plays"][-1]["tasks"]
+    lines = [item["msg"] for item in report[0]["hosts"][name]["results"]]
+    assert any(
+        line.startswith(f"{name}: 1x Tesla T4") and "driver: failed (" in line for line in lines
+    )
+    failure = report[-1]["hosts"][name]
+    assert failure["failed"]
+    assert failure["msg"][0].startswith(
+        f"{name}: driver failed: Check that the requested version is available: "
+        "driver_version 535.999.99"
+    )
+    # Refused before anything was stopped: the old driver still serves.
+    assert _loaded(host) == "535.309.01"
+    assert host.service("nvidia-persistenced").is_running
+    assert host.file(READY).exists
+
+
+def test_kernel_module_type_switch_swaps_the_module_package(host):
+    """Proprietary 535.309.01 → open 535.261.03 (Debian's only open build), in place."""
+    name = host.backend.get_hostname()
+    run = converge(
+        ["--limit", name, "-e", "driver_version=535.261.03", "-e", "driver_kernel_module_type=open"]
+    )
+    result = stage_of(run, name)
+    assert result["disruptive"] is True
+    assert (result["status"], result["module_type"]) == ("ready", "open")
+    assert _loaded(host) == "535.261.03"
+    assert version(host, "nvidia-open-kernel-dkms").startswith("535.261.03-")
+    gone = host.run("dpkg-query -W -f='${db:Status-Abbrev}' nvidia-kernel-dkms")
+    assert not gone.stdout.startswith("ii")
+    assert "nvidia-open-kernel-dkms" in held(host)
+    assert "nvidia-kernel-dkms" not in held(host)
+    assert host.service("nvidia-persistenced").is_running

@@ -67,7 +67,8 @@ RETURN = r"""
 _value:
   description:
     - C(family), C(repositories), C(packages), C(hold), C(headers), C(fabricmanager),
-      C(module_stream), C(initramfs_command), C(module_type), C(branch), C(version).
+      C(module_stream), C(precompiled), C(initramfs_command), C(module_type), C(branch),
+      C(version).
   type: dict
 """
 
@@ -116,6 +117,11 @@ def driver_plan(
         raise AnsibleFilterError(str(exc)) from exc
 
 
+def driver_kernel_modules(plan, available=(), installed_images=()):
+    """The kernel-module packages for a node; see driver_plan.kernel_modules."""
+    return dp.kernel_modules(plan, available or [], installed_images or [])
+
+
 class FilterModule:
     def filters(self):
-        return {"driver_plan": driver_plan}
+        return {"driver_plan": driver_plan, "driver_kernel_modules": driver_kernel_modules}

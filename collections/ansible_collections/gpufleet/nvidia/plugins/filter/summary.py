@@ -76,6 +76,24 @@ def node_report(hostvars):
     return f"{name}: " + "; ".join(parts)
 
 
+def stage_failures(hostvars_list):
+    """'host: stage failed: reason' for every stage that failed on one of the hosts."""
+    failures = []
+    for hostvars in hostvars_list:
+        name = hostvars.get("inventory_hostname", "?")
+        for stage, fact in STAGES:
+            outcome = hostvars.get(fact) or {}
+            if outcome.get("status") == "failed":
+                failures.append(
+                    f"{name}: {stage} failed: {outcome.get('reason') or 'no reason given'}"
+                )
+    return failures
+
+
 class FilterModule:
     def filters(self):
-        return {"node_summary": node_summary, "node_report": node_report}
+        return {
+            "node_summary": node_summary,
+            "node_report": node_report,
+            "stage_failures": stage_failures,
+        }

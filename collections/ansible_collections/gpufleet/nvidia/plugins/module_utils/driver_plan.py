@@ -15,6 +15,8 @@ SUPPORTED = "Debian 12, Ubuntu 22.04/24.04, RHEL/Rocky/AlmaLinux 8/9"
 RHEL_LIKE = ("rhel", "rocky", "almalinux", "centos")
 BRANCH_RE = re.compile(r"^[0-9]{3}$")
 VERSION_RE = re.compile(r"^[0-9]{3}\.[0-9]{2,3}\.[0-9]{2,3}$")
+# A kernel release inside a package name: linux-image-5.15.0-91-generic.
+KERNEL_RELEASE_RE = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+-[0-9]+")
 # GPUs from Turing (compute 7.5) on can run the open kernel modules; Blackwell
 # (compute 10 and 12) can run nothing else. NVIDIA made open the default from 560 on.
 OPEN_MIN_COMPUTE = (7, 5)
@@ -69,12 +71,6 @@ def _apt_pin(version):
     return {"packages": DEB_DRIVER_PACKAGE_REGEX, "version": f"{version}-*"}
 
 
-def _kernel_flavour(kernel):
-    """'5.15.0-91-generic' -> 'generic'."""
-    match = re.match(r"^[0-9.]+-[0-9]+-(.+)$", kernel or "")
-    return match.group(1) if match else "generic"
-
-
 def _debian(
     os_version, branch, version, module_type, source, base_url, mirror, security, kernel, fm
 ):
@@ -108,6 +104,11 @@ def _debian(
             }
         )
         kmod = "nvidia-open-kernel-dkms" if module_type == "open" else "nvidia-kernel-dkms"
+        # The two flavours do not conflict in Debian (libcuda1 accepts either), so a
+        # module-type switch removes the other one once the new one is in.
+        plan["remove"] = [
+            "nvidia-kernel-dkms" if module_type == "open" else "nvidia-open-kernel-dkms"
+        ]
         held = [kmod, "nvidia-smi", "libnvidia-ml1", "libcuda1", "firmware-nvidia-gsp"]
         plan["packages"] = [*held, "nvidia-persistenced"]
         plan["hold"] = held
@@ -135,6 +136,8 @@ def _apt_family_plan(family, kernel):
         "headers": [f"linux-headers-{kernel}"],
         "initramfs_command": ["update-initramfs", "-u"],
         "module_stream": None,
+        "precompiled": None,
+        "remove": [],
     }
 
 
@@ -159,7 +162,8 @@ def _cuda_deb_packages(branch, version, module_type):
     # NVIDIA's CUDA repository: cuda-drivers-<branch> (proprietary) or
     # nvidia-driver-<branch>-open.
     meta = f"nvidia-driver-{branch}-open" if module_type == "open" else f"cuda-drivers-{branch}"
-    return {"packages": [meta], "hold": [meta]}
+    other = f"cuda-drivers-{branch}" if module_type == "open" else f"nvidia-driver-{branch}-open"
+    return {"packages": [meta], "hold": [meta], "remove": [other]}
 
 
 def _fm_deb(branch, version):
@@ -172,17 +176,27 @@ def _ubuntu(os_version, branch, version, module_type, source, base_url, kernel, 
     distro = "ubuntu" + os_version.replace(".", "")
     plan = _apt_family_plan("ubuntu", kernel)
     if source == "distro":
-        # Canonical's server builds; precompiled, signed modules for the kernel
-        # flavour where they exist, DKMS otherwise.
+        # Canonical's server builds. The kernel modules come precompiled and signed
+        # by Canonical (accepted under Secure Boot) for Ubuntu's own kernels, as
+        # linux-modules-nvidia-<branch>-server[-open]-<kernel release> plus one
+        # metapackage per kernel flavour (…-generic, …-generic-hwe-22.04) that
+        # follows kernel updates; nvidia-dkms-* builds them for other kernels.
+        # Which applies is known only on the node: see kernel_modules().
         suffix = "-open" if module_type == "open" else ""
         headless = f"nvidia-headless-{branch}-server{suffix}"
         utils = f"nvidia-utils-{branch}-server"
         plan["packages"] = [headless, utils]
-        plan["precompiled_modules"] = (
-            f"linux-modules-nvidia-{branch}-server{suffix}-{_kernel_flavour(kernel)}"
-        )
-        plan["dkms_modules"] = f"nvidia-dkms-{branch}-server{suffix}"
         plan["hold"] = [headless, utils]
+        other = "" if module_type == "open" else "-open"
+        plan["remove"] = [
+            f"nvidia-headless-{branch}-server{other}",
+            f"nvidia-dkms-{branch}-server{other}",
+        ]
+        plan["precompiled"] = {
+            "prefix": f"linux-modules-nvidia-{branch}-server{suffix}-",
+            "kernel_package": f"linux-modules-nvidia-{branch}-server{suffix}-{kernel}",
+            "dkms_package": f"nvidia-dkms-{branch}-server{suffix}",
+        }
         plan["fabricmanager"] = _fm_deb(branch, version) if fm else []
     else:
         plan["repositories"].append(_cuda_deb_repo(base_url, distro))
@@ -201,8 +215,11 @@ def _rhel(os_version, branch, version, module_type, source, base_url, kernel, fm
             "CUDA repository; set driver_source: cuda-repo"
         )
     url = f"{base_url.rstrip('/')}/rhel{major}/x86_64"
-    stream = f"nvidia-driver:{branch}-{'open' if module_type == 'open' else 'dkms'}"
-    packages = [f"@{stream}"]
+    # NVIDIA's dnf module "nvidia-driver", one stream per branch and module flavour
+    # (535-dkms, 535-open, ...). With an exact version the stream is enabled first
+    # and the version's packages are installed from it.
+    stream = f"{branch}-{'open' if module_type == 'open' else 'dkms'}"
+    packages = [f"@nvidia-driver:{stream}"]
     if version:
         packages = [
             f"nvidia-driver-{version}",
@@ -218,8 +235,10 @@ def _rhel(os_version, branch, version, module_type, source, base_url, kernel, fm
                 "gpgkey": f"{url}/D42D0685.pub",
             }
         ],
-        "module_stream": stream,
+        "module_stream": {"name": "nvidia-driver", "stream": stream},
         "packages": packages,
+        # The two kmod flavours conflict; dnf swaps them (allowerasing).
+        "remove": [],
         "hold": ["nvidia-driver", "nvidia-driver-cuda", "kmod-nvidia*"],
         "headers": [f"kernel-devel-{kernel}", f"kernel-headers-{kernel}"],
         "initramfs_command": ["dracut", "-f"],
@@ -286,3 +305,35 @@ def plan(
     result["branch"] = branch
     result["version"] = version or None
     return result
+
+
+def kernel_modules(plan, available, installed_images):
+    """Which kernel-module packages to install on an apt node, and whether they are signed.
+
+    `available`: names apt knows with the plan's precompiled prefix (from
+    `apt-cache pkgnames <prefix>`); `installed_images`: the node's installed
+    linux-image-* packages. Returns packages to install, packages to hold, and
+    `signed` (true for Canonical's precompiled modules). Plans without precompiled
+    modules (Debian, NVIDIA's repository) carry their module packages already.
+    """
+    pre = plan.get("precompiled")
+    if not pre:
+        return {"packages": [], "hold": [], "signed": False}
+    available = set(available)
+    if pre["kernel_package"] not in available:
+        dkms = pre["dkms_package"]
+        return {"packages": [dkms], "hold": [dkms], "signed": False}
+    # A flavour metapackage (linux-image-generic-hwe-22.04 → …-generic-hwe-22.04) keeps
+    # modules coming with kernel updates; the running kernel's package is held so
+    # that it stays at the driver's version.
+    metas = [
+        pre["prefix"] + name.removeprefix("linux-image-")
+        for name in sorted(installed_images)
+        if name.startswith("linux-image-") and not KERNEL_RELEASE_RE.search(name)
+    ]
+    metas = [name for name in metas if name in available]
+    return {
+        "packages": [pre["kernel_package"], *metas],
+        "hold": [pre["kernel_package"]],
+        "signed": True,
+    }
