@@ -279,3 +279,25 @@ def test_debian_mirrors_are_configurable_separately():
         ["http://mirror.example.internal/deb"],
         ["http://mirror.example.internal/deb-sec"],
     ]
+
+
+@pytest.mark.parametrize(
+    ("version", "module_type", "pinned", "expected"),
+    [
+        (None, None, "535.261.03", False),  # no driver: nothing is replaced
+        ("535.261.03", "proprietary", "535.261.03", False),
+        ("535.261.03", "proprietary", "", False),  # newest of the branch: stays
+        ("535.309.01", "proprietary", "535.261.03", True),  # another version
+        ("550.127.05", "proprietary", "", True),  # another branch
+        ("535.261.03", "open", "535.261.03", True),  # another flavour
+    ],
+)
+def test_a_driver_differs_from_the_plan(version, module_type, pinned, expected):
+    plan = driver_plan(
+        facts("debian", "12", compute=(7, 5)),
+        branch="535",
+        version=pinned,
+        module_type="proprietary",
+        cuda_repo_base_url=CUDA,
+    )
+    assert dp.differs(version, module_type, plan) is expected

@@ -122,6 +122,15 @@ def driver_kernel_modules(plan, available=(), installed_images=()):
     return dp.kernel_modules(plan, available or [], installed_images or [])
 
 
+def driver_differs(driver, plan):
+    """Whether the driver (version, module_type) is not the one the plan installs."""
+    return dp.differs(driver.get("version"), driver.get("module_type"), plan)
+
+
 class FilterModule:
     def filters(self):
-        return {"driver_plan": driver_plan, "driver_kernel_modules": driver_kernel_modules}
+        return {
+            "driver_plan": driver_plan,
+            "driver_kernel_modules": driver_kernel_modules,
+            "driver_differs": driver_differs,
+        }

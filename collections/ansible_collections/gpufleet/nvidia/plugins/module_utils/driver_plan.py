@@ -337,3 +337,18 @@ def kernel_modules(plan, available, installed_images):
         "hold": [pre["kernel_package"]],
         "signed": True,
     }
+
+
+def differs(version, module_type, plan):
+    """Whether a driver of `version` / `module_type` is not the one `plan` installs.
+
+    Another exact version (when the plan pins one), another branch, or another kernel
+    module flavour. False when there is no driver (`version` None).
+    """
+    if not version:
+        return False
+    return (
+        (plan.get("version") is not None and version != plan["version"])
+        or version.split(".")[0] != str(plan["branch"])
+        or module_type != plan["module_type"]
+    )
