@@ -51,10 +51,21 @@ def test_check_mode_predicts_then_apply_writes_with_a_backup_then_nothing(tmp_pa
     assert Path(backup).read_text() == ORIGINAL
     assert 'BinaryName = "/usr/bin/nvidia-container-runtime"' in config.read_text()
     assert config.read_text().startswith("# kept\n")
+    assert applied["rollback"] == [{"path": str(config), "backup": backup, "existed": True}]
 
     again = run_module(args)
     assert again["changed"] is False
     assert again["backup_files"] == []
+
+
+def test_a_new_file_is_rolled_back_by_removing_it(tmp_path):
+    config = tmp_path / "docker" / "daemon.json"
+    result = run_module({"runtime": "docker", "config_path": str(config)})
+    assert result["changed"] is True
+    assert json.loads(config.read_text())["runtimes"]["nvidia"]["path"] == (
+        "/usr/bin/nvidia-container-runtime"
+    )
+    assert result["rollback"] == [{"path": str(config), "backup": None, "existed": False}]
 
 
 def test_absent_on_a_missing_file_creates_nothing(tmp_path):

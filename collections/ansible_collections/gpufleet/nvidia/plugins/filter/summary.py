@@ -55,24 +55,59 @@ def node_summary(facts):
 
 
 # Stages in the order they run, with the fact each one publishes.
-STAGES = (("driver", "driver_stage"),)
+STAGES = (
+    ("driver", "driver_stage"),
+    ("toolkit", "toolkit_stage"),
+    ("runtime_config", "runtime_config_stage"),
+    ("validator", "validator_stage"),
+)
+# Statuses under which the next stage may build on a stage.
+PASSING = ("ready", "pre-installed")
+
+
+def _passed(outcome):
+    status = outcome.get("status")
+    # A driver gpufleet does not manage but that answers is as good as pre-installed.
+    return status in PASSING or (status == "unmanaged" and bool(outcome.get("validated")))
+
+
+def ready_for(hostvars, stage):
+    """Whether every stage before `stage` passed on the host (so `stage` may run)."""
+    names = [name for name, _fact in STAGES]
+    if stage not in names:
+        raise ValueError(f"unknown stage {stage!r}; stages are {', '.join(names)}")
+    return all(_passed(hostvars.get(fact) or {}) for _name, fact in STAGES[: names.index(stage)])
+
+
+def furthest_stage(hostvars):
+    """The last stage of the uninterrupted run of passed stages from the first."""
+    furthest = None
+    for name, fact in STAGES:
+        if not _passed(hostvars.get(fact) or {}):
+            break
+        furthest = name
+    return furthest
 
 
 def node_report(hostvars):
-    """One line for a host: its hardware and, per stage, its status and why."""
+    """One line for a host: its hardware, each stage's status and why, how far it got."""
     facts = (hostvars.get("ansible_facts") or {}).get("gpufleet")
     name = hostvars.get("inventory_hostname", "?")
     if facts is None:
         return f"{name}: no facts (unreachable, or not part of this run)"
     parts = [node_summary(facts)]
+    if not facts.get("gpu_count"):
+        return f"{name}: " + "; ".join(parts)
     for stage, fact in STAGES:
         outcome = hostvars.get(fact)
-        if not outcome or outcome.get("status") == "not-a-gpu-node":
+        if not outcome:
             continue
         text = f"{stage}: {outcome['status']}"
         if outcome.get("reason"):
             text += f" ({outcome['reason']})"
         parts.append(text)
+    furthest = furthest_stage(hostvars)
+    parts.append(f"validated up to: {furthest}" if furthest else "nothing validated")
     return f"{name}: " + "; ".join(parts)
 
 
@@ -96,4 +131,6 @@ class FilterModule:
             "node_summary": node_summary,
             "node_report": node_report,
             "stage_failures": stage_failures,
+            "ready_for": ready_for,
+            "furthest_stage": furthest_stage,
         }

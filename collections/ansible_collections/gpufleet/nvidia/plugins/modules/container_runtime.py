@@ -131,6 +131,18 @@ backup_files:
   returned: always
   type: list
   elements: str
+rollback:
+  description:
+    - How to undo this change, one entry per file written or removed, for a caller
+      whose runtime then refuses the new config. C(backup) is the copy to put back;
+      null means the file did not exist before (remove it) or O(backup) was off.
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - path: /etc/containerd/config.toml
+      backup: /etc/containerd/config.toml.1234.2026-11-21@10:00:00~
+      existed: true
 config_version:
   description: containerd config schema version of the edited file.
   returned: when runtime is containerd
@@ -158,19 +170,21 @@ def _read(path):
         return None
 
 
-def _write(module, path, text, backups):
-    """Atomically replace `path` with `text`, keeping a backup and the file's mode."""
+def _write(module, path, text):
+    """Atomically replace `path` with `text`, keeping the file's mode; its backup."""
     directory = os.path.dirname(path)
     if not os.path.isdir(directory):
         os.makedirs(directory, mode=0o755)
+    backup = None
     if os.path.exists(path) and module.params["backup"]:
-        backups.append(module.backup_local(path))
+        backup = module.backup_local(path)
     tmp = os.path.join(directory, f".{os.path.basename(path)}.gpufleet.tmp")
     with open(tmp, "w", encoding="utf-8") as handle:
         handle.write(text)
     if not os.path.exists(path):
         os.chmod(tmp, 0o644)
     module.atomic_move(tmp, path)
+    return backup
 
 
 def main():
@@ -217,7 +231,7 @@ def main():
     before = current = _read(config_path)
     if current is None and p["template_base"]:
         current = _read(p["template_base"])
-    result = {"changed_files": [], "removed_files": [], "backup_files": []}
+    result = {"changed_files": [], "removed_files": [], "backup_files": [], "rollback": []}
     # (path, text before, text after or None to remove)
     edits = []
     try:
@@ -262,13 +276,17 @@ def main():
         )
 
     if not module.check_mode:
-        for path, _old, new in edits:
+        for path, old, new in edits:
             if path in result["removed_files"]:
-                if p["backup"]:
-                    result["backup_files"].append(module.backup_local(path))
+                backup = module.backup_local(path) if p["backup"] else None
                 os.remove(path)
             elif path in result["changed_files"]:
-                _write(module, path, new, result["backup_files"])
+                backup = _write(module, path, new)
+            else:
+                continue
+            if backup:
+                result["backup_files"].append(backup)
+            result["rollback"].append({"path": path, "backup": backup, "existed": old is not None})
 
     module.exit_json(
         changed=bool(result["changed_files"] or result["removed_files"]), diff=diffs, **result
