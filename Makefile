@@ -72,7 +72,7 @@ unit: venv consumers
 # Scenario gpu-vm needs VMs with passthrough GPUs: only its syntax is checked here.
 molecule: image repo
 	export GPUSIM_IMAGE=$$($(FLEET) image) GPUFLEET_REPO=$$($(FLEET) repo); \
-	  molecule test -s default && molecule test -s driver
+	  molecule test -s default && molecule test -s driver && molecule test -s runtime
 	molecule syntax -s gpu-vm
 	@echo "molecule gpu-vm: converge/verify skipped: needs VMs with PCI-passthrough GPUs" \
 	  "(run: GPUFLEET_GPU_VM_INVENTORY=<file> molecule test -s gpu-vm)"

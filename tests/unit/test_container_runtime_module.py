@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from conftest import run_ansible
+from conftest import PROJECT, run_ansible
 
 ORIGINAL = """# kept
 version = 2
@@ -117,3 +117,17 @@ def test_absent_drop_in_layout_on_a_node_without_config_writes_nothing(tmp_path)
     )
     assert result["changed"] is False
     assert list(tmp_path.iterdir()) == []
+
+
+def test_reapplying_to_an_indented_kubespray_config_changes_nothing(tmp_path):
+    # tomlkit re-indents nested tables of such files on every dump; the data is what
+    # counts, so the second run neither writes nor restarts anything.
+    kubespray = PROJECT / "molecule" / "runtime" / "tests" / "files" / "containerd-kubespray.toml"
+    config = tmp_path / "config.toml"
+    config.write_text(kubespray.read_text())
+    args = {"runtime": "containerd", "config_path": str(config), "enable_cdi": True}
+    assert run_module(args)["changed"] is True
+    written = config.read_text()
+    again = run_module(args)
+    assert again["changed"] is False
+    assert config.read_text() == written

@@ -16,12 +16,12 @@ import pytest
 from conftest import run_ansible
 
 PLAYBOOK = """
-- name: Driver stage against a fixture node
+- name: One node role against a fixture node
   hosts: localhost
   connection: local
   gather_facts: false
   roles:
-    - role: driver
+    - role: {role}
 """
 
 
@@ -37,7 +37,9 @@ def _gpu(root: Path, address: str, device: str) -> None:
         (path / name).write_text(value + "\n")
 
 
-def run_driver_role(tmp_path: Path, device: str, secure_boot: bool = False, **variables: object):
+def run_role(
+    tmp_path: Path, role: str, device: str, secure_boot: bool = False, **variables: object
+):
     sysfs = tmp_path / "sys"
     _gpu(sysfs, "0000:18:00.0", device)
     efivars = sysfs / "firmware" / "efi" / "efivars"
@@ -46,9 +48,9 @@ def run_driver_role(tmp_path: Path, device: str, secure_boot: bool = False, **va
         b"\x06\x00\x00\x00" + (b"\x01" if secure_boot else b"\x00")
     )
     playbook = tmp_path / "play.yml"
-    playbook.write_text(PLAYBOOK)
+    playbook.write_text(PLAYBOOK.format(role=role))
     extra = {
-        "driver_sysfs_root": str(sysfs),
+        "gpufleet_sysfs_root": str(sysfs),
         "ansible_python_interpreter": sys.executable,
         **variables,
     }
@@ -59,7 +61,11 @@ def run_driver_role(tmp_path: Path, device: str, secure_boot: bool = False, **va
     )
 
 
-def _failure(report) -> str:
+def run_driver_role(tmp_path: Path, device: str, secure_boot: bool = False, **variables: object):
+    return run_role(tmp_path, "driver", device, secure_boot, **variables)
+
+
+def failure(report) -> str:
     for play in report["plays"]:
         for task in play["tasks"]:
             outcome = task["hosts"].get("localhost", {})
@@ -87,14 +93,14 @@ def _failure(report) -> str:
 def test_bad_settings_fail_before_any_change(tmp_path, device, variables, message):
     rc, report = run_driver_role(tmp_path, device, **variables)
     assert rc != 0
-    assert message in _failure(report)
+    assert message in failure(report)
     assert report["stats"]["localhost"]["changed"] == 0
 
 
 def test_secure_boot_without_signed_modules_fails_with_the_way_forward(tmp_path):
     rc, report = run_driver_role(tmp_path, "0x2330", secure_boot=True)
     assert rc != 0
-    failure = _failure(report)
-    assert "Secure Boot is enabled" in failure
-    assert "Machine Owner Key" in failure and "driver_secure_boot_signed_modules" in failure
+    message = failure(report)
+    assert "Secure Boot is enabled" in message
+    assert "Machine Owner Key" in message and "driver_secure_boot_signed_modules" in message
     assert report["stats"]["localhost"]["changed"] == 0

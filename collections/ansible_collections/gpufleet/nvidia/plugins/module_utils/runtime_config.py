@@ -52,6 +52,15 @@ def _plain(value):
     return value.unwrap() if hasattr(value, "unwrap") else copy.deepcopy(value)
 
 
+def same_toml(old_text, new_text):
+    """Whether two TOML texts hold the same data (layout aside).
+
+    tomlkit can re-indent tables it did not change when a document is edited and
+    dumped again; a file whose data did not change is not rewritten for that.
+    """
+    return _plain(tomlkit.parse(old_text)) == _plain(tomlkit.parse(new_text))
+
+
 def _table(parent, key):
     """parent[key] as a table, created (as a header-less super table) when missing."""
     if key not in parent:

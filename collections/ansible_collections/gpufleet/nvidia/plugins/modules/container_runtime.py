@@ -264,7 +264,7 @@ def main():
             if old is None:
                 continue
             result["removed_files"].append(path)
-        elif old is not None and old == new:
+        elif old is not None and (old == new or (runtime != "docker" and rc.same_toml(old, new))):
             continue
         elif old is None and not wanted["present"]:
             # Nothing configured and nothing wanted: do not create a file.

@@ -1,0 +1,155 @@
+"""The toolkit, runtime_config and validator stages on a node with containerd and Docker.
+
+Tests run in order: each leaves the node converged for the next.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from helpers import PROJECT, converge
+
+testinfra_hosts = ["gpufleet-rt-t4"]
+
+SITE = PROJECT / "site.yml"
+FILES = PROJECT / "molecule" / "runtime" / "tests" / "files"
+MARKERS = "/run/nvidia/validations"
+TOOLKIT = (
+    "nvidia-container-toolkit",
+    "nvidia-container-toolkit-base",
+    "libnvidia-container-tools",
+    "libnvidia-container1",
+)
+
+
+def outcome(run: dict, fact: str) -> dict:
+    """The last value of a stage fact the run set."""
+    found = None
+    for play in run["plays"]:
+        for task in play["tasks"]:
+            facts = task["hosts"].get("gpufleet-rt-t4", {}).get("ansible_facts", {})
+            found = facts.get(fact, found)
+    assert found is not None, f"no {fact} in the run"
+    return found
+
+
+def containerd_dump(host) -> str:
+    return host.check_output("containerd config dump")
+
+
+def docker_runtimes(host) -> dict:
+    return json.loads(host.check_output("docker info --format '{{json .Runtimes}}'"))
+
+
+def main_pid(host, unit: str) -> str:
+    return host.check_output(f"systemctl show -p MainPID --value {unit}")
+
+
+def put_back_site_config(host) -> None:
+    """The site's own containerd config, without our runtime: drift."""
+    text = (FILES / "containerd-kubespray.toml").read_text()
+    host.check_output(f"cat > /etc/containerd/config.toml <<'EOF'\n{text}EOF")
+
+
+def test_both_runtimes_use_nvidia_and_keep_the_site_settings(host):
+    dump = containerd_dump(host)
+    nvidia = dump.split(".containerd.runtimes.nvidia.options]")[1].split("[plugins.")[0]
+    assert 'BinaryName = "/usr/bin/nvidia-container-runtime"' in nvidia
+    assert "SystemdCgroup = true" in nvidia  # copied from runc
+    assert "runtimes.kata]" in dump
+    assert 'sandbox_image = "registry.k8s.io/pause:3.9"' in dump
+    config = host.file("/etc/containerd/config.toml").content_string
+    assert config.startswith("# containerd configuration of this node (kubespray style).")
+    assert 'default_runtime_name = "runc"' in config
+
+    runtimes = docker_runtimes(host)
+    assert runtimes["nvidia"]["path"] == "/usr/bin/nvidia-container-runtime"
+    daemon = json.loads(host.file("/etc/docker/daemon.json").content_string)
+    assert daemon["log-opts"] == {"max-size": "50m", "max-file": "3"}
+    assert daemon["registry-mirrors"] == ["https://mirror.example.internal"]
+
+
+def test_toolkit_pinned_held_and_cdi_spec_lists_the_gpu(host):
+    selections = host.check_output("dpkg --get-selections").split()
+    for package in TOOLKIT:
+        assert host.package(package).version.startswith("1.17.8-"), package
+        assert selections[selections.index(package) + 1] == "hold", package
+    listed = host.check_output("nvidia-ctk cdi list").splitlines()
+    assert "nvidia.com/gpu=0" in listed and "nvidia.com/gpu=all" in listed
+    # 1.17 ships no CDI refresh units.
+    assert not host.file("/etc/systemd/system/nvidia-cdi-refresh.service.d/gpufleet.conf").exists
+
+
+def test_markers_and_check_mode_changes_nothing(host):
+    assert host.file(f"{MARKERS}/driver-ready").exists
+    assert host.file(f"{MARKERS}/toolkit-ready").exists
+    assert not host.file(f"{MARKERS}/cuda-ready").exists
+    run = converge(["--check"], SITE)
+    assert run["stats"]["gpufleet-rt-t4"]["changed"] == 0
+    validator = outcome(run, "validator_stage")
+    assert validator["status"] == "ready"
+    # toolkit-ready came from nvidia-smi in a container through the NVIDIA runtime.
+    assert validator["toolkit"].startswith("nvidia-smi in a container through")
+    assert validator["cuda"].startswith("skipped: no CUDA sample configured")
+
+
+def test_drift_is_repaired_and_only_the_drifted_runtime_restarts(host):
+    put_back_site_config(host)
+    assert '"nvidia"' not in containerd_dump(host).replace("runtimes.nvidia", "")
+    containerd_before, docker_before = main_pid(host, "containerd"), main_pid(host, "docker")
+
+    run = converge([], SITE)
+    assert outcome(run, "runtime_config_stage")["changed"] == ["containerd"]
+    assert "runtimes.nvidia]" in containerd_dump(host)
+    assert main_pid(host, "containerd") != containerd_before
+    assert main_pid(host, "docker") == docker_before
+
+    containerd_after = main_pid(host, "containerd")
+    again = converge([], SITE)
+    assert again["stats"]["gpufleet-rt-t4"]["changed"] == 0
+    assert main_pid(host, "containerd") == containerd_after
+
+
+def test_a_config_containerd_ignores_is_rolled_back(host):
+    # containerd 1.6 loads a version 3 file without complaint and ignores its CRI
+    # tables: the nvidia runtime would silently not exist.
+    host.check_output("rm /etc/containerd/config.toml && systemctl restart containerd")
+    run = converge(["-e", "runtime_config_containerd_config_version=3"], SITE, expect_rc=2)
+    stage = outcome(run, "runtime_config_stage")
+    assert stage["status"] == "failed"
+    assert "containerd did not work with the new configuration" in stage["reason"]
+    assert "io.containerd.grpc.v1.cri plugin" in stage["reason"]
+    assert "was put back" in stage["reason"]
+    assert not host.file("/etc/containerd/config.toml").exists
+    assert host.service("containerd").is_running
+    assert outcome(run, "validator_stage")["status"] == "not-reached"
+    assert not host.file(f"{MARKERS}/toolkit-ready").exists
+    assert host.file(f"{MARKERS}/driver-ready").exists
+
+    put_back_site_config(host)
+    converge([], SITE)
+    assert host.file(f"{MARKERS}/toolkit-ready").exists
+
+
+@pytest.mark.parametrize("name", ["nvidia gpu", "nv'idia"])
+def test_a_bad_runtime_name_writes_nothing(host, name):
+    before = host.file("/etc/containerd/config.toml").content_string
+    run = converge(["-e", json.dumps({"runtime_config_runtime_name": name})], SITE, expect_rc=2)
+    assert run["stats"]["gpufleet-rt-t4"]["changed"] == 0
+    assert host.file("/etc/containerd/config.toml").content_string == before
+
+
+def test_toolkit_upgrade_and_cdi_spec_follows_the_driver(host):
+    assert "535.309.01" in host.file("/etc/cdi/nvidia.yaml").content_string
+    run = converge(["-e", "toolkit_version=1.18.0", "-e", "driver_version=535.261.03"], SITE)
+    assert outcome(run, "toolkit_stage")["version"] == "1.18.0"
+    for package in TOOLKIT:
+        assert host.package(package).version.startswith("1.18.0-"), package
+    spec = host.file("/etc/cdi/nvidia.yaml").content_string
+    assert "libnvidia-ml.so.535.261.03" in spec and "535.309.01" not in spec
+    # 1.18 ships the refresh units: enabled, and writing our spec path.
+    assert host.service("nvidia-cdi-refresh.path").is_enabled
+    dropin = host.file("/etc/systemd/system/nvidia-cdi-refresh.service.d/gpufleet.conf")
+    assert "--output=/etc/cdi/nvidia.yaml" in dropin.content_string
+    assert host.file(f"{MARKERS}/toolkit-ready").exists

@@ -1,0 +1,79 @@
+"""Bad toolkit and runtime settings fail before anything is written, naming the variable.
+
+The real roles run against the local machine in check mode with a fixture sysfs
+tree (one GPU), as in test_driver_role_input: every case must fail in validation,
+before the first task that could write a file.
+"""
+
+from __future__ import annotations
+
+import pytest
+from test_driver_role_input import failure, run_role
+
+H100 = "0x2330"
+
+
+@pytest.mark.parametrize(
+    ("role", "variables", "message"),
+    [
+        ("toolkit", {"toolkit_version": "latest"}, 'toolkit_version like "1.17.8"'),
+        (
+            "toolkit",
+            {"toolkit_cdi_spec_path": "cdi/nvidia.yaml"},
+            "toolkit_cdi_spec_path an absolute",
+        ),
+        ("toolkit", {"toolkit_repo_channel": "nightly"}, "toolkit_repo_channel"),
+        ("runtime_config", {"runtime_config_runtimes": ["podman"]}, "runtime_config_runtimes"),
+        ("runtime_config", {"runtime_config_install": ["crio"]}, "runtime_config_install"),
+        (
+            "runtime_config",
+            {"runtime_config_runtime_name": "nvidia gpu"},
+            "runtime_config_runtime_name: expected letters, digits, - or _",
+        ),
+        (
+            "runtime_config",
+            {"runtime_config_runtime_name": 'nv"idia'},
+            "runtime_config_runtime_name: expected letters",
+        ),
+        (
+            "runtime_config",
+            {"runtime_config_runtime_path": "bin/nvidia-container-runtime"},
+            "runtime_config_runtime_path: expected an absolute path",
+        ),
+        (
+            "runtime_config",
+            {"runtime_config_config_paths": {"containerd": "etc/containerd/config.toml"}},
+            "runtime_config_config_paths: every path must be absolute",
+        ),
+        (
+            "runtime_config",
+            {"runtime_config_config_paths": {"podman": "/etc/containers/containers.conf"}},
+            "keys must be among containerd, docker, crio",
+        ),
+        (
+            "runtime_config",
+            {"runtime_config_containerd_drop_in_path": "/etc/containerd/conf.d/99-nvidia"},
+            "runtime_config_containerd_drop_in_path: expected an absolute path ending in .toml",
+        ),
+        ("validator", {"validator_toolkit_container": "maybe"}, "validator_toolkit_container"),
+    ],
+)
+def test_bad_settings_fail_before_any_change(tmp_path, role, variables, message):
+    rc, report = run_role(tmp_path, role, H100, **variables)
+    assert rc != 0
+    assert message in failure(report)
+    assert report["stats"]["localhost"]["changed"] == 0
+
+
+def test_several_bad_runtime_settings_are_named_together(tmp_path):
+    rc, report = run_role(
+        tmp_path,
+        "runtime_config",
+        H100,
+        runtime_config_runtime_name="a b",
+        runtime_config_runtime_path="relative",
+    )
+    assert rc != 0
+    message = failure(report)
+    assert "runtime_config_runtime_name" in message
+    assert "runtime_config_runtime_path" in message
