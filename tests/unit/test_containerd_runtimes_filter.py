@@ -23,17 +23,23 @@ def dump_of(tmp_path, text: str) -> str:
     return result.stdout
 
 
+def new_config(version: int, set_as_default: bool) -> str:
+    """A config created from nothing with the nvidia runtime, as the module writes it."""
+    text, _ = rc.containerd_in_place(
+        None, "config.toml", new_version=version, runtime_name="nvidia",
+        runtime_path="/usr/bin/nvidia-container-runtime", set_as_default=set_as_default,
+        enable_cdi=False, present=True,
+    )  # fmt: skip
+    return text
+
+
 @pytest.fixture(scope="module")
 def version_output() -> str:
     return containerd("--version").stdout
 
 
 def test_nvidia_runtime_written_as_v2_is_what_containerd_1_6_uses(tmp_path, version_output):
-    text, _ = rc.containerd_in_place(
-        None, "config.toml", new_version=2, runtime_name="nvidia",
-        runtime_path="/usr/bin/nvidia-container-runtime", set_as_default=True,
-        enable_cdi=False, present=True,
-    )  # fmt: skip
+    text = new_config(version=2, set_as_default=True)
     seen = containerd_runtimes(dump_of(tmp_path, text), version_output)
     assert seen["version"].startswith("1.6.")
     assert seen["plugin"] == "io.containerd.grpc.v1.cri"
@@ -45,11 +51,7 @@ def test_nvidia_runtime_written_as_v2_is_what_containerd_1_6_uses(tmp_path, vers
 
 
 def test_a_v3_config_is_loaded_but_ignored_by_containerd_1_6(tmp_path, version_output):
-    text, _ = rc.containerd_in_place(
-        None, "config.toml", new_version=3, runtime_name="nvidia",
-        runtime_path="/usr/bin/nvidia-container-runtime", set_as_default=False,
-        enable_cdi=False, present=True,
-    )  # fmt: skip
+    text = new_config(version=3, set_as_default=False)
     seen = containerd_runtimes(dump_of(tmp_path, text), version_output)
     assert "nvidia" not in seen["runtimes"]
     assert seen["default"] == "runc"
