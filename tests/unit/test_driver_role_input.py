@@ -20,6 +20,11 @@ PLAYBOOK = """
   hosts: localhost
   connection: local
   gather_facts: false
+  pre_tasks:
+    - name: Discover the fixture node's GPUs, as site.yml's first play does
+      gpufleet.nvidia.gpu_facts:
+        sysfs_root: "{{{{ gpufleet_sysfs_root }}}}"
+        query_driver: false
   roles:
     - role: {role}
 """

@@ -1,4 +1,4 @@
-"""Bad toolkit and runtime settings fail before anything is written, naming the variable.
+"""Bad toolkit, runtime, device plugin and exporter settings fail before anything is written, naming the variable.
 
 The real roles run against the local machine in check mode with a fixture sysfs
 tree (one GPU), as in test_driver_role_input: every case must fail in validation,
@@ -56,6 +56,15 @@ H100 = "0x2330"
             "runtime_config_containerd_drop_in_path: expected an absolute path ending in .toml",
         ),
         ("validator", {"validator_toolkit_container": "maybe"}, "validator_toolkit_container"),
+        (
+            "device_plugin",
+            {"device_plugin_sharing": "time-slicing", "device_plugin_replicas": 0},
+            "device_plugin_replicas=0; expected a whole number of at least 1",
+        ),
+        ("device_plugin", {"device_plugin_mig_strategy": "auto"}, "device_plugin_mig_strategy"),
+        ("device_plugin", {"device_plugin_mode": "host"}, "device_plugin_host_binary_url must be"),
+        ("exporter", {"exporter_port": 70000}, "exporter_port must be 1-65535"),
+        ("exporter", {"exporter_mode": "daemonset"}, "exporter_mode"),
     ],
 )
 def test_bad_settings_fail_before_any_change(tmp_path, role, variables, message):

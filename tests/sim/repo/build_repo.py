@@ -321,6 +321,12 @@ def build(source_dir: Path, out: Path) -> Path:
         ):
             _sign_repo(staging / repo, gnupg, key_id, LABELS[repo])
             (staging / key_path).write_bytes(armoured)
+        # The device plugin is released as a container image and a binary, not a
+        # package: host mode downloads the binary from a URL, here a file one.
+        plugin = staging / "device-plugin" / "nvidia-device-plugin"
+        plugin.parent.mkdir()
+        plugin.write_bytes((standins / "nvidia-device-plugin").read_bytes())
+        plugin.chmod(0o755)
         shutil.rmtree(work)
         shutil.rmtree(gnupg)
         (staging / ".source-hash").write_text(wanted + "\n")

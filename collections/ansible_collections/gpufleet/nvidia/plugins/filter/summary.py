@@ -60,12 +60,15 @@ STAGES = (
     ("toolkit", "toolkit_stage"),
     ("runtime_config", "runtime_config_stage"),
     ("validator", "validator_stage"),
+    ("device_plugin", "device_plugin_stage"),
+    ("exporter", "exporter_stage"),
 )
-# Statuses under which the next stage may build on a stage.
-PASSING = ("ready", "pre-installed")
+# Statuses under which the next stage may build on a stage ("disabled": switched
+# off by its mode, which does not hold later stages back).
+PASSING = ("ready", "pre-installed", "disabled")
 
 
-def _passed(outcome):
+def stage_passed(outcome):
     status = outcome.get("status")
     # A driver gpufleet does not manage but that answers is as good as pre-installed.
     return status in PASSING or (status == "unmanaged" and bool(outcome.get("validated")))
@@ -76,14 +79,16 @@ def ready_for(hostvars, stage):
     names = [name for name, _fact in STAGES]
     if stage not in names:
         raise ValueError(f"unknown stage {stage!r}; stages are {', '.join(names)}")
-    return all(_passed(hostvars.get(fact) or {}) for _name, fact in STAGES[: names.index(stage)])
+    return all(
+        stage_passed(hostvars.get(fact) or {}) for _name, fact in STAGES[: names.index(stage)]
+    )
 
 
 def furthest_stage(hostvars):
     """The last stage of the uninterrupted run of passed stages from the first."""
     furthest = None
     for name, fact in STAGES:
-        if not _passed(hostvars.get(fact) or {}):
+        if not stage_passed(hostvars.get(fact) or {}):
             break
         furthest = name
     return furthest

@@ -1,0 +1,228 @@
+# Copyright: gpufleet developers
+# Apache License 2.0 (see the repository's LICENSE)
+"""Filters that turn the inventory's node facts into the Kubernetes objects to apply.
+
+Documentation: k8s_manifests.yml and k8s_node_labels.yml next to this file.
+"""
+
+from __future__ import annotations
+
+import re
+
+import yaml
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.gpufleet.nvidia.plugins.filter.summary import stage_passed
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import k8s_objects as k8s
+
+# GPU Operator component names of the stages whose outcome a deploy label reports.
+_STAGE_COMPONENTS = (
+    ("driver", "driver_stage"),
+    ("container-toolkit", "toolkit_stage"),
+    ("operator-validator", "validator_stage"),
+)
+# Components that run either as a DaemonSet (mode "cluster") or on the host.
+_MODE_COMPONENTS = (
+    ("device-plugin", "device_plugin_stage"),
+    ("dcgm-exporter", "exporter_stage"),
+)
+_DURATION = re.compile(r"^([0-9]+(ms|s|m|h))+$")
+
+
+def _deploy_value(outcome):
+    """true: gpufleet deploys it and it passed; pre-installed: present, not ours; false."""
+    if not stage_passed(outcome):
+        return "false"
+    return "true" if outcome.get("status") == "ready" else "pre-installed"
+
+
+def _mode_value(outcome):
+    if outcome.get("status") != "ready":
+        return "false"
+    return "true" if outcome.get("mode") == "cluster" else "pre-installed"
+
+
+def k8s_node_labels(hostvars):
+    """The nvidia.com/ labels gpufleet owns on one host's Node; None without facts."""
+    name = hostvars.get("inventory_hostname", "?")
+    facts = (hostvars.get("ansible_facts") or {}).get("gpufleet")
+    if facts is None:
+        return None
+    if not facts.get("gpu_count"):
+        return {k8s.LABEL_PREFIX + "gpu.present": "false"}
+    labels = dict(facts.get("labels") or {})
+    for component, fact in _STAGE_COMPONENTS:
+        labels[f"nvidia.com/gpu.deploy.{component}"] = _deploy_value(hostvars.get(fact) or {})
+    for component, fact in _MODE_COMPONENTS:
+        labels[f"nvidia.com/gpu.deploy.{component}"] = _mode_value(hostvars.get(fact) or {})
+    plugin = hostvars.get("device_plugin_stage") or {}
+    config = plugin.get("config") or k8s.plugin_config()
+    labels[k8s.PLUGIN_CONFIG_LABEL] = config["name"]
+    labels["nvidia.com/gpu.sharing-strategy"] = config["sharing"]
+    labels["nvidia.com/gpu.replicas"] = str(config["replicas"])
+    labels["nvidia.com/mps.capable"] = "true" if config["sharing"] == "mps" else "false"
+    if "nvidia.com/mig.capable" in labels:
+        labels["nvidia.com/mig.strategy"] = config["mig_strategy"]
+    try:
+        for key, value in labels.items():
+            k8s.check_label(key, value, f"host {name}")
+    except k8s.K8sInputError as exc:
+        raise AnsibleFilterError(str(exc)) from exc
+    return dict(sorted(labels.items()))
+
+
+def _check_settings(settings):
+    k8s.check_dns_label(settings["namespace"], "k8s_manifests_namespace")
+    k8s.check_label(k8s.OWNER_LABEL, settings["managed_by"], "k8s_manifests_field_manager")
+    for key, value in settings["images"].items():
+        k8s.check_image(value, f"k8s_manifests_{key}_image")
+    k8s.check_dns_label(settings["plugin_configmap"], "k8s_manifests_device_plugin_configmap")
+    if settings["runtime_class_name"]:
+        k8s.check_dns_label(settings["runtime_class_name"], "k8s_manifests_runtime_class_name")
+    if settings["daemonset_runtime_class"]:
+        k8s.check_dns_label(
+            settings["daemonset_runtime_class"], "k8s_manifests_daemonset_runtime_class"
+        )
+    port = settings["exporter_port"]
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise k8s.K8sInputError(
+            f"k8s_manifests_exporter_port: {port!r} is not a port (expected 1-65535)"
+        )
+    if not _DURATION.match(str(settings["exporter_scrape_interval"])):
+        raise k8s.K8sInputError(
+            "k8s_manifests_exporter_scrape_interval: "
+            f"{settings['exporter_scrape_interval']!r} is not a duration (expected e.g. 30s, 1m)"
+        )
+    for secret in settings.get("image_pull_secrets") or []:
+        k8s.check_dns_label(secret, "k8s_manifests_image_pull_secrets")
+
+
+def k8s_manifests(hostvars_list, settings, node_names=None):
+    """Everything the k8s_manifests role renders and applies, as plain data.
+
+    Returns ``objects`` (cluster objects, in the order to apply them), ``nodes`` (the
+    labelled part of each Node: host, name, labels, object) and ``without_facts``
+    (hosts that could not be described, e.g. unreachable ones).
+    """
+    node_names = node_names or {}
+    try:
+        _check_settings(settings)
+        nodes, without_facts = [], []
+        for hostvars in hostvars_list:
+            host = hostvars.get("inventory_hostname", "?")
+            labels = k8s_node_labels(hostvars)
+            if labels is None:
+                without_facts.append(host)
+                continue
+            name = str(node_names.get(host, host))
+            k8s.check_node_name(name, f"k8s_manifests_node_names[{host!r}]")
+            nodes.append(
+                {
+                    "host": host,
+                    "name": name,
+                    "labels": labels,
+                    "object": k8s.node_object(name, labels),
+                }
+            )
+        configs = {"default": k8s.plugin_config()}
+        for hostvars in hostvars_list:
+            config = (hostvars.get("device_plugin_stage") or {}).get("config")
+            if config:
+                configs[config["name"]] = config
+        objects = [k8s.namespace(settings)]
+        if settings["runtime_class_name"]:
+            objects.append(k8s.runtime_class(settings))
+        if settings["device_plugin"]:
+            objects += k8s.device_plugin_objects(settings, list(configs.values()))
+        if settings["exporter"]:
+            objects += k8s.exporter_objects(settings, settings["service_monitor"])
+    except k8s.K8sInputError as exc:
+        raise AnsibleFilterError(str(exc)) from exc
+    return {"objects": objects, "nodes": nodes, "without_facts": without_facts}
+
+
+def device_plugin_config(gpus, sharing, replicas, mig_strategy, host="node"):
+    """The node's device plugin configuration, checked against its GPUs' MIG modes.
+
+    `gpus` are gpu_facts' GPUs (mig_mode True/False, or None where the GPU has no MIG).
+    """
+    try:
+        config = k8s.plugin_config(sharing, replicas, mig_strategy, where=host)
+    except k8s.K8sInputError as exc:
+        raise AnsibleFilterError(str(exc)) from exc
+    enabled = [str(i) for i, gpu in enumerate(gpus) if gpu.get("mig_mode") is True]
+    capable = [gpu for gpu in gpus if gpu.get("mig_mode") is not None]
+    problem = None
+    if enabled and mig_strategy == "none":
+        problem = (
+            f"GPU(s) {', '.join(enabled)} have MIG enabled, so device_plugin_mig_strategy "
+            "must be single or mixed (none would advertise no usable GPU there)"
+        )
+    elif mig_strategy != "none" and not capable:
+        problem = f"device_plugin_mig_strategy={mig_strategy} but no GPU here supports MIG"
+    elif mig_strategy == "single" and len(enabled) != len(gpus):
+        problem = (
+            "device_plugin_mig_strategy=single needs MIG enabled on every GPU; "
+            f"{len(enabled)} of {len(gpus)} have it (use mixed)"
+        )
+    if problem:
+        raise AnsibleFilterError(f"{host}: {problem}")
+    return config
+
+
+def device_plugin_config_file(config):
+    """The device plugin's config file for one configuration, as YAML."""
+    return k8s_to_yaml(k8s.plugin_config_document(config))
+
+
+def k8s_files(objects):
+    """A stable file name for each object, numbered in apply order: 00-namespace-x.yaml."""
+    return [
+        {
+            "name": f"{index:02d}-{obj['kind'].lower()}-{obj['metadata']['name']}.yaml",
+            "object": obj,
+        }
+        for index, obj in enumerate(objects)
+    ]
+
+
+def k8s_unwanted(resources, objects, kind):
+    """Those of `resources` (listed from the cluster, of one kind) not among `objects`."""
+
+    def key(obj):
+        return obj["metadata"].get("namespace") or "", obj["metadata"]["name"]
+
+    wanted = {key(obj) for obj in objects if obj["kind"] == kind}
+    return [resource for resource in resources if key(resource) not in wanted]
+
+
+class _Dumper(yaml.SafeDumper):
+    """Block style for multi-line strings (ConfigMap data stays readable)."""
+
+
+def _str(dumper, value):
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def k8s_to_yaml(obj):
+    """One object as a YAML document, keys in the order they were built."""
+    return yaml.dump(
+        k8s.plain(obj), Dumper=_Dumper, default_flow_style=False, sort_keys=False, width=100
+    )
+
+
+class FilterModule:
+    def filters(self):
+        return {
+            "k8s_manifests": k8s_manifests,
+            "k8s_node_labels": k8s_node_labels,
+            "k8s_files": k8s_files,
+            "device_plugin_config": device_plugin_config,
+            "device_plugin_config_file": device_plugin_config_file,
+            "k8s_to_yaml": k8s_to_yaml,
+            "k8s_unwanted": k8s_unwanted,
+        }

@@ -1,0 +1,414 @@
+"""The cluster side: node labels from each GPU profile, the manifests (schema-valid for
+every supported Kubernetes minor, and right where the schemas cannot tell), and bad
+input refused before anything is built."""
+
+from __future__ import annotations
+
+import re
+
+import kubernetes_validate
+import pytest
+import yaml
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.gpufleet.nvidia.plugins.filter import k8s
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import discovery, pci
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import smi as smi_parse
+from conftest import PROJECT
+from gpusim import profiles, smi
+
+PROFILE_DIR = PROJECT / "tests" / "sim" / "kit" / "profiles"
+KUBERNETES_VERSIONS = ("1.29.0", "1.30.0", "1.31.0", "1.32.0", "1.33.0")
+READY = {"status": "ready"}
+
+
+def profile_facts(name: str) -> dict:
+    """gpu_facts' facts for a node of this profile with the 535 driver loaded."""
+    prof = profiles.load(PROFILE_DIR, name, f"node-{name}")
+    devices = [
+        pci.PciDevice(g.sysfs_name, 0x10DE, g.device_id, g.pci_class, g.numa_node, "nvidia")
+        for g in prof.gpus
+    ]
+    driver_view = smi.DriverView(version="535.261.03", cuda_version="12.2", persistence=True)
+    rows = xml = None
+    if devices:
+        out, _, _ = smi.run(smi_parse.query_args(), prof, driver_view)
+        rows = smi_parse.parse_query_csv(out)
+        out, _, _ = smi.run(["-q", "-x"], prof, driver_view)
+        xml = smi_parse.parse_query_xml(out)
+    gpus = discovery.gpu_list(devices, rows, xml)
+    driver = {"state": "loaded", "version": "535.261.03"} if devices else {"state": "absent"}
+    return {
+        "gpu_count": len(gpus),
+        "gpus": gpus,
+        "labels": discovery.labels(gpus, driver, (xml or {}).get("cuda_version")),
+    }
+
+
+def host(name: str, profile: str, sharing="none", replicas=1, mig="none", **stages) -> dict:
+    facts = profile_facts(profile)
+    config = k8s.device_plugin_config(facts["gpus"], sharing, replicas, mig, name)
+    hostvars = {
+        "inventory_hostname": name,
+        "ansible_facts": {"gpufleet": facts},
+        "driver_stage": READY,
+        "toolkit_stage": READY,
+        "runtime_config_stage": READY,
+        "validator_stage": READY,
+        "device_plugin_stage": {"status": "ready", "mode": "cluster", "config": config},
+        "exporter_stage": {"status": "ready", "mode": "cluster"},
+    }
+    hostvars.update(stages)
+    return hostvars
+
+
+def settings(**changes) -> dict:
+    """The role's settings at their defaults (vars/main.yml over defaults/main.yml)."""
+    defaults = yaml.safe_load((PROJECT / "roles/k8s_manifests/defaults/main.yml").read_text())
+    registry = defaults["k8s_manifests_registry"]
+    image = {
+        key: defaults[f"k8s_manifests_{key}_image"].replace(
+            "{{ k8s_manifests_registry }}", registry
+        )
+        for key in ("device_plugin", "dcgm_exporter")
+    }
+    result = {
+        "namespace": defaults["k8s_manifests_namespace"],
+        "managed_by": defaults["k8s_manifests_field_manager"],
+        "images": image,
+        "image_pull_policy": defaults["k8s_manifests_image_pull_policy"],
+        "image_pull_secrets": [],
+        "priority_class_name": defaults["k8s_manifests_priority_class_name"],
+        "extra_tolerations": [],
+        "runtime_class_name": defaults["k8s_manifests_runtime_class_name"],
+        "runtime_class_handler": defaults["k8s_manifests_runtime_class_handler"],
+        "daemonset_runtime_class": defaults["k8s_manifests_daemonset_runtime_class"],
+        "device_plugin": True,
+        "plugin_configmap": defaults["k8s_manifests_device_plugin_configmap"],
+        "exporter": True,
+        "exporter_port": defaults["k8s_manifests_exporter_port"],
+        "exporter_collectors": "",
+        "exporter_scrape_interval": defaults["k8s_manifests_exporter_scrape_interval"],
+        "service_monitor": True,
+    }
+    result.update(changes)
+    return result
+
+
+FLEETS = {
+    "plain": [host("h100", "h100-sxm-8"), host("t4", "t4-1"), host("cpu", "none")],
+    "time-slicing": [
+        host("a100", "a100-pcie-2", sharing="time-slicing", replicas=4),
+        host("t4", "t4-1"),
+    ],
+    "mps": [host("t4", "t4-1", sharing="mps", replicas=2), host("h100", "h100-sxm-8")],
+    "mig": [
+        host("mig-a", "a100-mig", mig="mixed"),
+        host("mig-b", "a100-mig", mig="single"),
+        host("a100", "a100-pcie-2"),
+    ],
+}
+
+
+def build(fleet: str, **changes) -> dict:
+    return k8s.k8s_manifests(FLEETS[fleet], settings(**changes))
+
+
+def every_object(built: dict) -> list[dict]:
+    return built["objects"] + [node["object"] for node in built["nodes"]]
+
+
+# --- schemas ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+@pytest.mark.parametrize("fleet", sorted(FLEETS))
+def test_every_manifest_is_valid_for_each_supported_kubernetes(fleet, version):
+    built = build(fleet, exporter_collectors="DCGM_FI_DEV_GPU_UTIL, gauge, GPU utilization.\n")
+    checked = 0
+    for obj in every_object(built):
+        if obj["kind"] == "ServiceMonitor":
+            continue  # a CRD of the Prometheus operator: no upstream schema (checked below)
+        # Through YAML, as a user applies the rendered file.
+        document = yaml.safe_load(k8s.k8s_to_yaml(obj))
+        kubernetes_validate.validate(document, version, strict=True)
+        checked += 1
+    assert checked >= 10
+
+
+def test_service_monitor_selects_the_exporter_service():
+    objects = build("plain")["objects"]
+    monitor = next(o for o in objects if o["kind"] == "ServiceMonitor")
+    service = next(o for o in objects if o["kind"] == "Service")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    labels = monitor["spec"]["selector"]["matchLabels"]
+    assert labels.items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"]
+    assert monitor["spec"]["namespaceSelector"]["matchNames"] == [service["metadata"]["namespace"]]
+
+
+# --- semantics the schemas cannot check -------------------------------------------
+
+
+def daemonsets(built: dict) -> dict[str, dict]:
+    return {o["metadata"]["name"]: o for o in built["objects"] if o["kind"] == "DaemonSet"}
+
+
+@pytest.mark.parametrize("fleet", sorted(FLEETS))
+def test_daemonsets_select_their_pods_and_run_only_on_gpu_nodes(fleet):
+    built = build(fleet)
+    for name, ds in daemonsets(built).items():
+        pod = ds["spec"]["template"]
+        selector = ds["spec"]["selector"]["matchLabels"]
+        assert selector.items() <= pod["metadata"]["labels"].items(), name
+        spec = pod["spec"]
+        assert spec["nodeSelector"]["nvidia.com/gpu.present"] == "true", name
+        assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec[
+            "tolerations"
+        ]
+        assert spec["priorityClassName"] == "system-node-critical"
+        assert spec["runtimeClassName"] == "nvidia"
+        volumes = {v["name"] for v in spec["volumes"]}
+        for container in spec.get("initContainers", []) + spec["containers"]:
+            mounts = {m["name"] for m in container.get("volumeMounts", [])}
+            assert mounts <= volumes, (name, container["name"], mounts - volumes)
+        if "serviceAccountName" in spec:
+            accounts = [o for o in built["objects"] if o["kind"] == "ServiceAccount"]
+            assert spec["serviceAccountName"] in {a["metadata"]["name"] for a in accounts}
+
+
+def test_device_plugin_is_unprivileged_with_every_capability_dropped():
+    plugin_ds = daemonsets(build("plain"))["nvidia-device-plugin"]
+    spec = plugin_ds["spec"]["template"]["spec"]
+    assert spec["nodeSelector"]["nvidia.com/gpu.deploy.device-plugin"] == "true"
+    for container in spec["initContainers"] + spec["containers"]:
+        context = container["securityContext"]
+        assert context["capabilities"]["drop"] == ["ALL"], container["name"]
+        assert "add" not in context["capabilities"]
+        assert context["allowPrivilegeEscalation"] is False
+        assert not context.get("privileged")
+    paths = {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    assert "/var/lib/kubelet/device-plugins" in paths
+    env = {e["name"]: e.get("value") for e in spec["initContainers"][0]["env"]}
+    assert env["NODE_LABEL"] == "nvidia.com/device-plugin.config"
+
+
+def test_mig_strategies_add_only_cap_sys_admin_to_the_plugin():
+    spec = daemonsets(build("mig"))["nvidia-device-plugin"]["spec"]["template"]["spec"]
+    plugin = next(c for c in spec["containers"] if c["name"] == "nvidia-device-plugin")
+    assert plugin["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN"]}
+    assert not plugin["securityContext"].get("privileged")
+
+
+def test_each_node_names_a_config_the_configmap_has():
+    for fleet in FLEETS:
+        built = build(fleet)
+        configmap = next(o for o in built["objects"] if o["kind"] == "ConfigMap")
+        for node in built["nodes"]:
+            chosen = node["labels"].get("nvidia.com/device-plugin.config")
+            if chosen is not None:
+                assert chosen in configmap["data"], (fleet, node["name"])
+        for text in configmap["data"].values():
+            assert yaml.safe_load(text)["version"] == "v1"
+
+
+def test_sharing_configurations_follow_the_plugin_config_format():
+    data = next(o for o in build("time-slicing")["objects"] if o["kind"] == "ConfigMap")["data"]
+    assert yaml.safe_load(data["time-slicing-4"]) == {
+        "version": "v1",
+        "flags": {"migStrategy": "none"},
+        "sharing": {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}},
+    }
+    mps = next(o for o in build("mps")["objects"] if o["kind"] == "ConfigMap")["data"]
+    assert yaml.safe_load(mps["mps-2"])["sharing"]["mps"]["resources"][0]["replicas"] == 2
+    mig = next(o for o in build("mig")["objects"] if o["kind"] == "ConfigMap")["data"]
+    assert yaml.safe_load(mig["mig-mixed"])["flags"]["migStrategy"] == "mixed"
+    assert yaml.safe_load(mig["mig-single"])["flags"]["migStrategy"] == "single"
+
+
+def test_mps_brings_the_control_daemon_only_where_mps_is_chosen():
+    assert "nvidia-device-plugin-mps-control-daemon" not in daemonsets(build("plain"))
+    ds = daemonsets(build("mps"))["nvidia-device-plugin-mps-control-daemon"]
+    assert ds["spec"]["template"]["spec"]["nodeSelector"]["nvidia.com/mps.capable"] == "true"
+    labels = {n["name"]: n["labels"] for n in build("mps")["nodes"]}
+    assert labels["t4"]["nvidia.com/mps.capable"] == "true"
+    assert labels["h100"]["nvidia.com/mps.capable"] == "false"
+
+
+def test_exporter_serves_port_9400_with_pod_attribution():
+    built = build("plain")
+    spec = daemonsets(built)["nvidia-dcgm-exporter"]["spec"]["template"]["spec"]
+    container = spec["containers"][0]
+    assert container["ports"] == [{"name": "metrics", "containerPort": 9400, "protocol": "TCP"}]
+    assert {"name": "DCGM_EXPORTER_LISTEN", "value": ":9400"} in container["env"]
+    paths = {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    assert "/var/lib/kubelet/pod-resources" in paths
+    service = next(o for o in built["objects"] if o["kind"] == "Service")
+    assert service["spec"]["selector"].items() <= spec_labels(built, "nvidia-dcgm-exporter")
+    assert service["spec"]["ports"][0]["targetPort"] == 9400
+
+
+def spec_labels(built: dict, name: str):
+    return daemonsets(built)[name]["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_every_object_carries_the_ownership_label_and_images_are_configurable():
+    built = build(
+        "plain",
+        images={
+            "device_plugin": "mirror.local:5000/nv/dp:v1",
+            "dcgm_exporter": "mirror.local:5000/nv/dcgm:3",
+        },
+    )
+    for obj in built["objects"]:
+        assert obj["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "gpufleet"
+    images = {
+        c["image"]
+        for ds in daemonsets(built).values()
+        for c in ds["spec"]["template"]["spec"]["containers"]
+    }
+    assert images == {"mirror.local:5000/nv/dp:v1", "mirror.local:5000/nv/dcgm:3"}
+
+
+def test_unwanted_lists_only_our_objects_missing_from_the_set():
+    objects = build("plain")["objects"]
+    listed = [
+        {"metadata": {"name": "nvidia-device-plugin", "namespace": "gpufleet"}},
+        {"metadata": {"name": "nvidia-device-plugin", "namespace": "old-namespace"}},
+        {"metadata": {"name": "retired-exporter", "namespace": "gpufleet"}},
+    ]
+    unwanted = k8s.k8s_unwanted(listed, objects, "DaemonSet")
+    assert [(o["metadata"]["namespace"], o["metadata"]["name"]) for o in unwanted] == [
+        ("old-namespace", "nvidia-device-plugin"),
+        ("gpufleet", "retired-exporter"),
+    ]
+
+
+# --- node labels ------------------------------------------------------------------
+
+EXPECTED_PRODUCTS = {
+    "h100-sxm-8": ("NVIDIA-H100-80GB-HBM3", "8", "hopper", "9", "0", "true"),
+    "a100-pcie-2": ("NVIDIA-A100-PCIE-40GB", "2", "ampere", "8", "0", "true"),
+    "a100-mig": ("NVIDIA-A100-SXM4-40GB", "2", "ampere", "8", "0", "true"),
+    "t4-1": ("Tesla-T4", "1", "turing", "7", "5", "false"),
+}
+
+
+@pytest.mark.parametrize("profile", sorted(EXPECTED_PRODUCTS))
+def test_labels_of_each_profile_use_gfd_names(profile):
+    mig = "mixed" if profile == "a100-mig" else "none"
+    labels = k8s.k8s_node_labels(host("n", profile, mig=mig))
+    product, count, family, major, minor, mig_capable = EXPECTED_PRODUCTS[profile]
+    assert labels["nvidia.com/gpu.present"] == "true"
+    assert labels["nvidia.com/gpu.product"] == product
+    assert labels["nvidia.com/gpu.count"] == count
+    assert labels["nvidia.com/gpu.family"] == family
+    assert labels["nvidia.com/gpu.compute.major"] == major
+    assert labels["nvidia.com/gpu.compute.minor"] == minor
+    assert labels["nvidia.com/mig.capable"] == mig_capable
+    assert re.fullmatch(r"[0-9]+", labels["nvidia.com/gpu.memory"])
+    assert labels["nvidia.com/cuda.driver-version.full"] == "535.261.03"
+    assert labels["nvidia.com/cuda.driver-version.major"] == "535"
+    assert labels["nvidia.com/cuda.runtime-version.major"] == "12"
+    assert labels["nvidia.com/gpu.replicas"] == "1"
+    assert labels["nvidia.com/gpu.sharing-strategy"] == "none"
+    if mig_capable == "true":
+        assert labels["nvidia.com/mig.strategy"] == mig
+    for key, value in labels.items():
+        assert key.startswith("nvidia.com/")
+        assert re.fullmatch(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?", value), key
+
+
+def test_a_node_without_gpus_is_only_marked_not_present():
+    assert k8s.k8s_node_labels(host("cpu", "none")) == {"nvidia.com/gpu.present": "false"}
+
+
+def test_deploy_labels_follow_the_stages():
+    labels = k8s.k8s_node_labels(
+        host(
+            "n",
+            "t4-1",
+            driver_stage={"status": "pre-installed"},
+            validator_stage={"status": "failed", "reason": "no GPU in the container"},
+            exporter_stage={"status": "ready", "mode": "host"},
+        )
+    )
+    assert labels["nvidia.com/gpu.deploy.driver"] == "pre-installed"
+    assert labels["nvidia.com/gpu.deploy.container-toolkit"] == "true"
+    assert labels["nvidia.com/gpu.deploy.operator-validator"] == "false"
+    assert labels["nvidia.com/gpu.deploy.dcgm-exporter"] == "pre-installed"
+
+
+def test_time_slicing_labels_the_replicas_and_strategy():
+    labels = k8s.k8s_node_labels(host("n", "a100-pcie-2", sharing="time-slicing", replicas=4))
+    assert labels["nvidia.com/gpu.replicas"] == "4"
+    assert labels["nvidia.com/gpu.sharing-strategy"] == "time-slicing"
+    assert labels["nvidia.com/device-plugin.config"] == "time-slicing-4"
+
+
+def test_node_names_can_be_mapped():
+    built = k8s.k8s_manifests(FLEETS["plain"], settings(), {"t4": "gpu-t4.example.org"})
+    assert [n["name"] for n in built["nodes"]] == ["h100", "gpu-t4.example.org", "cpu"]
+
+
+def test_a_host_without_facts_is_named_not_labelled():
+    built = k8s.k8s_manifests([{"inventory_hostname": "gone"}, host("t4", "t4-1")], settings())
+    assert built["without_facts"] == ["gone"]
+    assert [n["name"] for n in built["nodes"]] == ["t4"]
+
+
+# --- bad input --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("sharing", "replicas", "mig", "profile", "message"),
+    [
+        ("time-slicing", 0, "none", "t4-1", "device_plugin_replicas=0"),
+        ("mps", -2, "none", "t4-1", "device_plugin_replicas=-2"),
+        ("none", 1, "balanced", "a100-mig", "device_plugin_mig_strategy='balanced'"),
+        ("sharing", 1, "none", "t4-1", "device_plugin_sharing='sharing'"),
+        ("none", 4, "none", "t4-1", "device_plugin_replicas=4 needs"),
+        ("mps", 2, "mixed", "a100-mig", "cannot be combined"),
+        ("none", 1, "none", "a100-mig", "have MIG enabled"),
+        ("none", 1, "single", "a100-pcie-2", "needs MIG enabled on every GPU"),
+        ("none", 1, "mixed", "t4-1", "no GPU here supports MIG"),
+    ],
+)
+def test_bad_device_plugin_choices_are_refused(sharing, replicas, mig, profile, message):
+    with pytest.raises(AnsibleFilterError, match=re.escape(message)):
+        k8s.device_plugin_config(profile_facts(profile)["gpus"], sharing, replicas, mig, "n")
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        (
+            {
+                "images": {
+                    "device_plugin": "nvcr.io/nvidia/k8s-device-plugin: v0.19",
+                    "dcgm_exporter": "x",
+                }
+            },
+            "k8s_manifests_device_plugin_image",
+        ),
+        ({"managed_by": "gpu fleet"}, "k8s_manifests_field_manager"),
+        ({"namespace": "GPU_Fleet"}, "k8s_manifests_namespace"),
+        ({"exporter_port": 0}, "k8s_manifests_exporter_port"),
+        ({"exporter_scrape_interval": "soon"}, "k8s_manifests_exporter_scrape_interval"),
+    ],
+)
+def test_bad_settings_are_refused_naming_the_variable(changes, message):
+    with pytest.raises(AnsibleFilterError, match=message):
+        k8s.k8s_manifests(FLEETS["plain"], settings(**changes))
+
+
+def test_a_node_name_kubernetes_rejects_is_refused():
+    with pytest.raises(AnsibleFilterError, match=r"k8s_manifests_node_names\['t4'\]"):
+        k8s.k8s_manifests(FLEETS["plain"], settings(), {"t4": "Node With Spaces"})
+
+
+def test_a_label_value_kubernetes_rejects_is_refused():
+    bad = host("t4", "t4-1")
+    bad["ansible_facts"]["gpufleet"]["labels"]["nvidia.com/gpu.product"] = "Tesla T4 (rev a1)"
+    with pytest.raises(AnsibleFilterError, match=r"host t4: label nvidia.com/gpu.product="):
+        k8s.k8s_node_labels(bad)
