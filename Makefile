@@ -69,13 +69,18 @@ consumers:
 unit: venv consumers
 	pytest
 
-# Scenario gpu-vm needs VMs with passthrough GPUs: only its syntax is checked here.
+# Scenario gpu-vm needs VMs with passthrough GPUs, scenario cluster a Kubernetes
+# cluster: only their syntax is checked here unless one is given.
 molecule: image repo
 	export GPUSIM_IMAGE=$$($(FLEET) image) GPUFLEET_REPO=$$($(FLEET) repo); \
 	  molecule test -s default && molecule test -s driver && molecule test -s runtime
 	molecule syntax -s gpu-vm
 	@echo "molecule gpu-vm: converge/verify skipped: needs VMs with PCI-passthrough GPUs" \
 	  "(run: GPUFLEET_GPU_VM_INVENTORY=<file> molecule test -s gpu-vm)"
+	molecule syntax -s cluster
+	@if [ -n "$${KUBECONFIG:-}" ]; then molecule test -s cluster; else \
+	  echo "molecule cluster: converge/verify skipped: KUBECONFIG is not set (no Kubernetes" \
+	    "API server here; run: KUBECONFIG=<file> molecule test -s cluster)"; fi
 
 test: lint unit molecule
 
