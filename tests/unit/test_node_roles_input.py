@@ -1,4 +1,4 @@
-"""Bad toolkit, runtime, device plugin and exporter settings fail before anything is written, naming the variable.
+"""Bad settings of the node roles fail before anything is written, naming the variable.
 
 The real roles run against the local machine in check mode with a fixture sysfs
 tree (one GPU), as in test_driver_role_input: every case must fail in validation,
