@@ -76,28 +76,37 @@ def check_label(key, value, where):
         )
 
 
+def _require(pattern, value, where, what):
+    if not isinstance(value, str) or not pattern.match(value):
+        raise K8sInputError(f"{where}: {value!r} is not {what}")
+
+
 def check_image(reference, where):
-    if not isinstance(reference, str) or not _IMAGE.match(reference):
-        raise K8sInputError(
-            f"{where}: {reference!r} is not an image reference "
-            "(expected registry/path/name:tag or ...@sha256:<digest>, no spaces)"
-        )
+    _require(
+        _IMAGE,
+        reference,
+        where,
+        "an image reference (expected registry/path/name:tag or ...@sha256:<digest>, no spaces)",
+    )
 
 
 def check_dns_label(name, where):
-    if not isinstance(name, str) or not _DNS_LABEL.match(name):
-        raise K8sInputError(
-            f"{where}: {name!r} is not a valid name (expected a DNS label: at most 63 "
-            "lower-case letters, digits and '-', beginning and ending with a letter or digit)"
-        )
+    _require(
+        _DNS_LABEL,
+        name,
+        where,
+        "a valid name (expected a DNS label: at most 63 lower-case letters, digits and '-', "
+        "beginning and ending with a letter or digit)",
+    )
 
 
 def check_node_name(name, where):
-    if not isinstance(name, str) or not _DNS_SUBDOMAIN.match(name):
-        raise K8sInputError(
-            f"{where}: {name!r} is not a valid Kubernetes node name "
-            "(expected lower-case letters, digits, '-' and '.')"
-        )
+    _require(
+        _DNS_SUBDOMAIN,
+        name,
+        where,
+        "a valid Kubernetes node name (expected lower-case letters, digits, '-' and '.')",
+    )
 
 
 # --- device plugin configurations -------------------------------------------------
