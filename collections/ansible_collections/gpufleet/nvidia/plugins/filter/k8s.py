@@ -172,7 +172,7 @@ def device_plugin_config(gpus, sharing, replicas, mig_strategy, host="node"):
 
 def device_plugin_config_file(config):
     """The device plugin's config file for one configuration, as YAML."""
-    return k8s_to_yaml(k8s.plugin_config_document(config))
+    return k8s.plugin_config_text(config)
 
 
 def k8s_files(objects):

@@ -158,6 +158,11 @@ def plugin_config_document(config):
     return document
 
 
+def plugin_config_text(config):
+    """That config file as YAML (the ConfigMap entry and the host service's file alike)."""
+    return _yaml(plugin_config_document(config))
+
+
 # --- objects ----------------------------------------------------------------------
 
 
@@ -214,6 +219,31 @@ def _daemonset(settings, name, component, pod_spec):
     }
 
 
+def _gpu_env():
+    """Every GPU visible to the container, through the NVIDIA runtime (fresh dicts: a
+    shared one would come out of the YAML dumper as an anchor and alias)."""
+    return [
+        {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
+        {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "compute,utility"},
+    ]
+
+
+def _node_name_env():
+    return {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
+
+
+def _device_plugin_container(settings, name, command, fields):
+    """A container of the device plugin image (which also carries config-manager and
+    mps-control-daemon)."""
+    return {
+        "name": name,
+        "image": settings["images"]["device_plugin"],
+        "imagePullPolicy": settings["image_pull_policy"],
+        "command": command,
+        **fields,
+    }
+
+
 def _config_manager(settings, name, oneshot, signal_process):
     """The device plugin image's config-manager, as the init container or the sidecar."""
     env = {
@@ -228,21 +258,25 @@ def _config_manager(settings, name, oneshot, signal_process):
         "SIGNAL": "" if oneshot else "1",  # SIGHUP
         "PROCESS_TO_SIGNAL": "" if oneshot else signal_process,
     }
-    return {
-        "name": name,
-        "image": settings["images"]["device_plugin"],
-        "imagePullPolicy": settings["image_pull_policy"],
-        "command": ["config-manager"],
-        "env": [
-            {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
-            *({"name": key, "value": value} for key, value in env.items()),
-        ],
-        "volumeMounts": [
-            {"name": "available-configs", "mountPath": "/available-configs"},
-            {"name": "config", "mountPath": "/config"},
-        ],
-        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
-    }
+    return _device_plugin_container(
+        settings,
+        name,
+        ["config-manager"],
+        {
+            "env": [
+                _node_name_env(),
+                *({"name": key, "value": value} for key, value in env.items()),
+            ],
+            "volumeMounts": [
+                {"name": "available-configs", "mountPath": "/available-configs"},
+                {"name": "config", "mountPath": "/config"},
+            ],
+            "securityContext": {
+                "allowPrivilegeEscalation": False,
+                "capabilities": {"drop": ["ALL"]},
+            },
+        },
+    )
 
 
 def _config_volumes(settings):
@@ -283,7 +317,7 @@ def device_plugin_objects(settings, configs):
         "kind": "ConfigMap",
         "metadata": _meta(settings, settings["plugin_configmap"], component),
         "data": {
-            config["name"]: _yaml(plugin_config_document(config))
+            config["name"]: plugin_config_text(config)
             for config in sorted(configs, key=lambda c: c["name"])
         },
     }
@@ -292,28 +326,28 @@ def device_plugin_objects(settings, configs):
     if mig:
         # Reading MIG devices needs CAP_SYS_ADMIN (the plugin's chart adds it likewise).
         security["capabilities"]["add"] = ["SYS_ADMIN"]
-    plugin = {
-        "name": "nvidia-device-plugin",
-        "image": settings["images"]["device_plugin"],
-        "imagePullPolicy": settings["image_pull_policy"],
-        "command": ["nvidia-device-plugin"],
-        "env": [
-            {"name": "CONFIG_FILE", "value": "/config/config.yaml"},
-            {"name": "MPS_ROOT", "value": MPS_ROOT},
-            {"name": "FAIL_ON_INIT_ERROR", "value": "true"},
-            {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
-            {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "compute,utility"},
-        ],
-        "securityContext": security,
-        "volumeMounts": [
-            {"name": "device-plugins", "mountPath": DEVICE_PLUGIN_DIR},
-            {"name": "mps-root", "mountPath": "/mps"},
-            {"name": "mps-shm", "mountPath": "/dev/shm"},
-            {"name": "cdi-root", "mountPath": "/var/run/cdi"},
-            {"name": "available-configs", "mountPath": "/available-configs"},
-            {"name": "config", "mountPath": "/config"},
-        ],
-    }
+    plugin = _device_plugin_container(
+        settings,
+        "nvidia-device-plugin",
+        ["nvidia-device-plugin"],
+        {
+            "env": [
+                {"name": "CONFIG_FILE", "value": "/config/config.yaml"},
+                {"name": "MPS_ROOT", "value": MPS_ROOT},
+                {"name": "FAIL_ON_INIT_ERROR", "value": "true"},
+                *_gpu_env(),
+            ],
+            "securityContext": security,
+            "volumeMounts": [
+                {"name": "device-plugins", "mountPath": DEVICE_PLUGIN_DIR},
+                {"name": "mps-root", "mountPath": "/mps"},
+                {"name": "mps-shm", "mountPath": "/dev/shm"},
+                {"name": "cdi-root", "mountPath": "/var/run/cdi"},
+                {"name": "available-configs", "mountPath": "/available-configs"},
+                {"name": "config", "mountPath": "/config"},
+            ],
+        },
+    )
     if settings.get("device_plugin_resources"):
         plugin["resources"] = settings["device_plugin_resources"]
     pod = _pod_spec(
@@ -351,36 +385,37 @@ def device_plugin_objects(settings, configs):
 def _mps_daemonset(settings, account):
     """The MPS control daemon, on nodes whose configuration shares GPUs through MPS."""
     component = "nvidia-device-plugin-mps-control-daemon"
-    daemon = {
-        "name": "mps-control-daemon",
-        "image": settings["images"]["device_plugin"],
-        "imagePullPolicy": settings["image_pull_policy"],
-        "command": ["mps-control-daemon"],
-        "env": [
-            {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
-            {"name": "CONFIG_FILE", "value": "/config/config.yaml"},
-            {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
-            {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "compute,utility"},
-        ],
-        # The control daemon starts nvidia-cuda-mps-control for every GPU.
-        "securityContext": {"privileged": True},
-        "volumeMounts": [
-            {"name": "mps-root", "mountPath": "/mps"},
-            {"name": "mps-shm", "mountPath": "/dev/shm"},
-            {"name": "available-configs", "mountPath": "/available-configs"},
-            {"name": "config", "mountPath": "/config"},
-        ],
-    }
-    mounts = {
-        "name": "mps-mounts",
-        "image": settings["images"]["device_plugin"],
-        "imagePullPolicy": settings["image_pull_policy"],
-        "command": ["mps-control-daemon", "mount-shm"],
-        "securityContext": {"privileged": True},
-        "volumeMounts": [
-            {"name": "mps-root", "mountPath": "/mps", "mountPropagation": "Bidirectional"}
-        ],
-    }
+    daemon = _device_plugin_container(
+        settings,
+        "mps-control-daemon",
+        ["mps-control-daemon"],
+        {
+            "env": [
+                _node_name_env(),
+                {"name": "CONFIG_FILE", "value": "/config/config.yaml"},
+                *_gpu_env(),
+            ],
+            # The control daemon starts nvidia-cuda-mps-control for every GPU.
+            "securityContext": {"privileged": True},
+            "volumeMounts": [
+                {"name": "mps-root", "mountPath": "/mps"},
+                {"name": "mps-shm", "mountPath": "/dev/shm"},
+                {"name": "available-configs", "mountPath": "/available-configs"},
+                {"name": "config", "mountPath": "/config"},
+            ],
+        },
+    )
+    mounts = _device_plugin_container(
+        settings,
+        "mps-mounts",
+        ["mps-control-daemon", "mount-shm"],
+        {
+            "securityContext": {"privileged": True},
+            "volumeMounts": [
+                {"name": "mps-root", "mountPath": "/mps", "mountPropagation": "Bidirectional"}
+            ],
+        },
+    )
     pod = _pod_spec(
         settings,
         "nvidia.com/gpu.deploy.device-plugin",
@@ -431,8 +466,7 @@ def exporter_objects(settings, service_monitor):
         "env": [
             {"name": "DCGM_EXPORTER_LISTEN", "value": f":{port}"},
             {"name": "DCGM_EXPORTER_KUBERNETES", "value": "true"},
-            {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
-            {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "compute,utility"},
+            *_gpu_env(),
         ],
         "ports": [{"name": "metrics", "containerPort": port, "protocol": "TCP"}],
         "securityContext": {
