@@ -1,32 +1,511 @@
-"""Command line of the gpufleet runner.
+"""Command line of the gpufleet reconciler: `python -m runner COMMAND`.
 
-Today the runner only describes itself: one converge pass is
-`ansible-playbook site.yml -i INVENTORY`. The reconcile loop (reconcile, plan,
-status, history) is being built and is not offered until it works.
+    reconcile   keep the fleet converged (a loop; --once for one cycle)
+    plan        what a cycle would change, per host and component, with diffs
+    status      hosts x stages as the last cycles left them (reads state only)
+    history     what happened: drift, repairs, intentional changes, failures
+    release     clear a host's quarantine, backoff or halted rollout
+
+Exit codes are listed in EXIT below and in `--help`.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import time
 from collections.abc import Sequence
+from dataclasses import asdict, replace
+from enum import IntEnum
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import yaml
 
 from runner import __version__
+from runner.engine import STAGES, AnsibleEngine, EngineError
+from runner.lock import InventoryLock, LockHeld
+from runner.reconcile import CycleReport, Reconciler, Settings, Stop, release
+from runner.state import HostRecord, StateError, StateStore, ensure_private_dir, state_dir_for
 
-DESCRIPTION = (
-    "Keep a fleet of NVIDIA GPU nodes converged. Until the reconcile loop lands, run one "
-    "converge pass with: ansible-playbook site.yml -i inventories/<env>"
-)
+
+class Exit(IntEnum):
+    OK = 0
+    FAILED = 1  # a host failed, is unreachable, quarantined or halted a rollout
+    USAGE = 2  # bad arguments or inventory; nothing was touched
+    LOCKED = 3  # another reconciler works on this inventory
+    STATE = 4  # the state database cannot be used
+    PENDING = 5  # plan / reconcile --check: changes are pending
+    INTERRUPTED = 130  # stopped by SIGINT or SIGTERM after the current batch
+
+
+EXIT_TEXT = """exit codes: 0 done (fleet converged, or nothing to do); 1 a host failed, is
+unreachable or quarantined, or a rollout halted; 2 bad arguments or inventory
+(nothing touched); 3 another reconciler holds the inventory's lock; 4 the state
+database is unusable; 5 (plan, reconcile --check) changes are pending; 130
+stopped by a signal after the current batch."""
+
+PROJECT = Path(__file__).resolve().parents[2]
+log = logging.getLogger("runner")
+
+
+class UsageError(Exception):
+    """Bad input; the message names it and the expected form."""
+
+
+def _default_state_dir() -> Path:
+    if os.environ.get("GPUFLEET_STATE_DIR"):
+        return Path(os.environ["GPUFLEET_STATE_DIR"])
+    if os.geteuid() == 0:
+        return Path("/var/lib/gpufleet-runner")
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "gpufleet"
+
+
+def _positive(kind: type, minimum: float) -> Any:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected at least {minimum}, got {text}")
+        return value
+
+    return parse
+
+
+def _components(text: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    unknown = [n for n in names if n not in STAGES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown component {', '.join(unknown) or repr(text)}; expected a comma-separated "
+            f"list of {', '.join(STAGES)}"
+        )
+    return names
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m runner", description=DESCRIPTION)
+    parser = argparse.ArgumentParser(
+        prog="python -m runner",
+        description="Keep a fleet of NVIDIA GPU nodes converged.",
+        epilog=EXIT_TEXT,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--version", action="version", version=f"gpufleet runner {__version__}")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "-i",
+        "--inventory",
+        default=os.environ.get("GPUFLEET_INVENTORY"),
+        help="Ansible inventory (file or directory; default $GPUFLEET_INVENTORY)",
+    )
+    common.add_argument(
+        "--state-dir",
+        type=Path,
+        default=_default_state_dir(),
+        help="where state lives, one database per inventory (default %(default)s)",
+    )
+    common.add_argument(
+        "--log-format", choices=("text", "json"), default="text", help="log lines on stderr"
+    )
+    common.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    acting = argparse.ArgumentParser(add_help=False)
+    acting.add_argument("-l", "--limit", help="Ansible host pattern: only these hosts")
+    acting.add_argument(
+        "--components",
+        type=_components,
+        default=(),
+        help=f"act only on drift in / changes to these ({', '.join(STAGES)}); an apply "
+        "still runs every stage on the host, since stages build on each other",
+    )
+    acting.add_argument(
+        "--rebuild-state",
+        action="store_true",
+        help="move an unreadable state database aside and start a new one",
+    )
+    acting.add_argument(
+        "--local",
+        action="store_true",
+        help="pull mode: reconcile this node only, over a local connection",
+    )
+    acting.add_argument(
+        "--node-name",
+        default=socket.gethostname(),
+        help="with --local: this node's inventory name (default %(default)s)",
+    )
+    acting.add_argument(
+        "--keep-runs",
+        type=_positive(int, 1),
+        default=10,
+        help="Ansible run artifacts kept (default %(default)s)",
+    )
+    acting.add_argument(
+        "--full-check-interval",
+        type=_positive(float, 60),
+        default=86400.0,
+        help="plan every host at least this often in seconds (default %(default)s)",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    rec = sub.add_parser(
+        "reconcile", parents=[common, acting], help="keep the fleet converged", epilog=EXIT_TEXT
+    )
+    when = rec.add_mutually_exclusive_group()
+    when.add_argument("--once", action="store_true", help="one cycle, then exit")
+    when.add_argument(
+        "--interval",
+        type=_positive(float, 1),
+        default=300.0,
+        help="seconds between cycles, jittered by 10%% (default %(default)s)",
+    )
+    rec.add_argument("--check", action="store_true", help="probe and plan only; apply nothing")
+    rec.add_argument("--max-parallel", type=_positive(int, 1), default=1)
+    rec.add_argument("--max-unavailable", type=_positive(int, 1), default=1)
+    rec.add_argument("--quarantine-after", type=_positive(int, 1), default=5)
+    rec.add_argument("--backoff-base", type=_positive(float, 1), default=60.0)
+    rec.add_argument("--backoff-cap", type=_positive(float, 1), default=3600.0)
+    rec.add_argument("--metrics-address", default="127.0.0.1", help="Prometheus endpoint address")
+    rec.add_argument(
+        "--metrics-port",
+        type=_positive(int, 0),
+        default=None,
+        help="serve Prometheus metrics on this port (default: 9842 in loop mode, none "
+        "with --once; 0 turns it off)",
+    )
+
+    plan = sub.add_parser(
+        "plan", parents=[common, acting], help="what would change, with diffs", epilog=EXIT_TEXT
+    )
+    plan.add_argument(
+        "--all", action="store_true", help="plan every host, not only those the probe flags"
+    )
+    plan.add_argument("--json", action="store_true", help="machine-readable output")
+
+    status = sub.add_parser("status", parents=[common], help="hosts x stages")
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+
+    hist = sub.add_parser("history", parents=[common], help="what happened")
+    hist.add_argument("--host", help="only this host")
+    hist.add_argument("-n", type=_positive(int, 1), default=50, help="entries (default 50)")
+    hist.add_argument("--kind", action="append", default=[], help="only entries of this kind")
+    hist.add_argument("--json", action="store_true", help="machine-readable output")
+
+    rel = sub.add_parser(
+        "release", parents=[common], help="clear a host's quarantine or halted rollout"
+    )
+    rel.add_argument("hosts", nargs="+", metavar="HOST")
     return parser
+
+
+# -- logging -------------------------------------------------------------------
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return json.dumps(
+            {
+                "time": round(record.created, 3),
+                "level": record.levelname.lower(),
+                "message": record.getMessage(),
+            }
+        )
+
+
+def _setup_logging(fmt: str, quiet: bool) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        _JsonFormatter()
+        if fmt == "json"
+        else logging.Formatter("%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    )
+    log.handlers[:] = [handler]
+    log.setLevel(logging.WARNING if quiet else logging.INFO)
+    log.propagate = False
+
+
+# -- commands ------------------------------------------------------------------
+
+
+def _inventory(args: argparse.Namespace, state_dir: Path) -> str:
+    if args.inventory is None:
+        return _local_inventory(state_dir, args.node_name)
+    return str(args.inventory)
+
+
+def _local_inventory(base: Path, node: str) -> str:
+    ensure_private_dir(base)
+    path = base / "local-inventory.yml"
+    data = {"all": {"hosts": {node: {"ansible_connection": "local"}}}}
+    text = yaml.safe_dump(data)
+    if not path.exists() or path.read_text() != text:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+    return str(path)
+
+
+def _state_dir(args: argparse.Namespace) -> Path:
+    base: Path = args.state_dir
+    if args.inventory:
+        return state_dir_for(base, args.inventory)
+    if getattr(args, "local", False):
+        return state_dir_for(base, f"local-{args.node_name}")
+    raise UsageError(
+        "no inventory: name one with -i INVENTORY or $GPUFLEET_INVENTORY (the simulated "
+        "fleet's is inventories/sim)"
+    )
+
+
+def _open_store(directory: Path, rebuild: bool = False) -> StateStore:
+    store = StateStore(directory)
+    try:
+        return store.open()
+    except StateError:
+        if not rebuild:
+            raise
+        log.warning("state database unreadable; moved aside, starting a new one")
+        return store.rebuild()
+
+
+def _settings(args: argparse.Namespace, check_only: bool) -> Settings:
+    settings = Settings(
+        check_only=check_only,
+        limit=args.limit,
+        components=args.components,
+        full_check_interval=args.full_check_interval,
+    )
+    if args.local:
+        settings = replace(settings, limit=args.node_name)
+    if args.command == "reconcile":
+        settings = replace(
+            settings,
+            interval=args.interval,
+            max_parallel=args.max_parallel,
+            max_unavailable=args.max_unavailable,
+            quarantine_after=args.quarantine_after,
+            backoff_base=args.backoff_base,
+            backoff_cap=args.backoff_cap,
+        )
+        if args.max_parallel > args.max_unavailable:
+            raise UsageError(
+                f"--max-parallel {args.max_parallel} exceeds --max-unavailable "
+                f"{args.max_unavailable}: a batch could never start"
+            )
+    if args.command == "plan" and args.all:
+        settings = replace(settings, full_check_interval=0.0)
+    return settings
+
+
+def _run_cycle(args: argparse.Namespace) -> int:
+    directory = _state_dir(args)
+    inventory = _inventory(args, directory)
+    settings = _settings(args, check_only=args.command == "plan" or args.check)
+    ensure_private_dir(directory)
+    stop = Stop()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        stop.request()
+        name = signal.Signals(signum).name
+        if stop.urgent:
+            log.warning("%s again: cancelling the running Ansible run", name)
+        else:
+            log.warning("%s: finishing the current batch, then stopping", name)
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        with InventoryLock(directory), _open_store(directory, args.rebuild_state) as store:
+            engine = AnsibleEngine(
+                PROJECT,
+                inventory,
+                directory / "ansible",
+                keep_runs=args.keep_runs,
+                extravars={"ansible_connection": "local"} if args.local else None,
+                progress=None if args.quiet else _progress,
+                cancel=lambda: stop.urgent,
+            )
+            hook = None
+            once = args.command == "plan" or args.once
+            if args.command == "reconcile":
+                port = args.metrics_port if args.metrics_port is not None else (0 if once else 9842)
+                if port:
+                    from runner.metrics import Metrics
+
+                    metrics = Metrics()
+                    metrics.serve(args.metrics_address, port)
+                    log.info("metrics on http://%s:%d/metrics", args.metrics_address, port)
+                    hook = metrics
+            reconciler = Reconciler(engine, store, settings, stop=stop, hook=hook)
+            report = reconciler.run(once=once)
+            if args.command == "plan" and args.json:
+                print(json.dumps({h: asdict(o) for h, o in sorted(report.outcomes.items())}))
+            else:
+                _print_report(report, store.hosts(), diffs=args.command == "plan")
+            return _exit_for(report, store.hosts(), settings)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _progress(host: str, text: str) -> None:
+    log.info("  %s: %s", host, text)
+
+
+def _exit_for(report: CycleReport, hosts: dict[str, HostRecord], settings: Settings) -> int:
+    if report.interrupted:
+        return Exit.INTERRUPTED
+    bad = [
+        o
+        for o in report.outcomes.values()
+        if o.action == "failed" or o.message in ("quarantined",) or "halted" in o.message
+    ]
+    if bad:
+        return Exit.FAILED
+    if settings.check_only and any(
+        o.pending or "drift" in o.reasons for o in report.outcomes.values()
+    ):
+        return Exit.PENDING
+    return Exit.OK
+
+
+def _print_report(report: CycleReport, hosts: dict[str, HostRecord], diffs: bool) -> None:
+    took = report.finished - report.started
+    print(
+        f"cycle: {report.probed} probed, {report.planned} planned, {report.applied} applied "
+        f"in {took:.1f} s" + (" (interrupted)" if report.interrupted else "")
+    )
+    for host, outcome in sorted(report.outcomes.items()):
+        record = hosts.get(host)
+        parts = [outcome.action]
+        if outcome.reasons:
+            parts.append("because " + ", ".join(outcome.reasons))
+        if outcome.corrective:
+            parts.append("repaired " + ", ".join(outcome.corrective))
+        if outcome.intentional:
+            parts.append("changed as desired " + ", ".join(outcome.intentional))
+        if outcome.pending and outcome.action == "planned":
+            parts.append("would change " + ", ".join(outcome.pending))
+        if outcome.message:
+            parts.append(outcome.message)
+        if record is not None:
+            parts.append(f"now {record.status}")
+        print(f"  {host}: " + "; ".join(parts))
+        if diffs:
+            for component, texts in sorted(outcome.diffs.items()):
+                for text in texts:
+                    print(f"    [{component}] " + text.replace("\n", "\n      "))
+
+
+def _age(now: float, then: float | None) -> str:
+    if then is None:
+        return "never"
+    seconds = max(0, int(now - then))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit} ago"
+    return f"{seconds}s ago"
+
+
+def _host_line(record: HostRecord) -> str:
+    if record.quarantined:
+        return f"quarantined ({record.failed_stage}: {record.reason})"
+    if record.status in ("failed", "unreachable"):
+        return f"{record.status} ({record.failed_stage}: {record.reason})"
+    if record.status == "drifted" and record.drift:
+        return "drifted (" + ", ".join(sorted({d["component"] for d in record.drift})) + ")"
+    if record.rollout_phase:
+        reason = f": {record.rollout_reason}" if record.rollout_reason else ""
+        return f"{record.status}; rollout {record.rollout_phase}{reason}"
+    if any(s == "pre-installed" for s in record.stages.values()):
+        pre = [k for k, v in record.stages.items() if v == "pre-installed"]
+        return f"{record.status} (pre-installed: {', '.join(pre)})"
+    return record.status
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    directory = _state_dir(args)
+    if not (directory / "state.db").exists():
+        raise UsageError(
+            f"no state for inventory {args.inventory!r} yet: run `python -m runner reconcile "
+            f"-i {args.inventory}` first"
+        )
+    with _open_store(directory) as store:
+        hosts = store.hosts()
+    if args.json:
+        print(json.dumps([asdict(r) for r in hosts.values()], indent=2))
+        return Exit.OK
+    now = time.time()
+    width = max([len(h) for h in hosts] + [4])
+    print(f"{'HOST':<{width}}  {'STATE':<44} {'RECONCILED':<11} CHANGED     STAGES")
+    for name, record in hosts.items():
+        stages = " ".join(f"{s}={record.stages[s]}" for s in STAGES if s in record.stages)
+        print(
+            f"{name:<{width}}  {_host_line(record):<44} {_age(now, record.last_reconcile):<11} "
+            f"{_age(now, record.last_change):<11} {stages}"
+        )
+    return Exit.FAILED if any(r.quarantined or r.status == "failed" for r in hosts.values()) else 0
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    directory = _state_dir(args)
+    with _open_store(directory) as store:
+        entries = store.history(args.host, args.n, args.kind)
+    if args.json:
+        print(json.dumps([asdict(e) for e in entries], indent=2))
+        return Exit.OK
+    for e in entries:
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.at))
+        component = f" [{e.component}]" if e.component else ""
+        print(f"{stamp} {e.host} {e.kind}{component}: {e.summary}")
+    return Exit.OK
+
+
+def cmd_release(args: argparse.Namespace) -> int:
+    directory = _state_dir(args)
+    with _open_store(directory) as store:
+        known = store.hosts()
+        unknown = [h for h in args.hosts if h not in known]
+        if unknown:
+            raise UsageError(f"unknown host(s) {', '.join(unknown)}; known: {', '.join(known)}")
+        for host in args.hosts:
+            record = release(store, host)
+            print(f"{host}: released; status {record.status}")
+    return Exit.OK
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse `argv` (default: sys.argv[1:]) and run; returns the process exit code."""
     parser = build_parser()
-    parser.parse_args(argv)
-    parser.print_help()
-    return 0
+    args = parser.parse_args(argv)
+    _setup_logging(args.log_format, args.quiet)
+    try:
+        if args.inventory is not None:
+            if not Path(args.inventory).exists():
+                raise UsageError(f"inventory {args.inventory!r} does not exist")
+            args.inventory = str(Path(args.inventory).resolve())
+        if args.command in ("reconcile", "plan"):
+            return _run_cycle(args)
+        if args.command == "status":
+            return cmd_status(args)
+        if args.command == "history":
+            return cmd_history(args)
+        return cmd_release(args)
+    except UsageError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return Exit.USAGE
+    except EngineError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return Exit.USAGE
+    except LockHeld as err:
+        print(f"error: {err}", file=sys.stderr)
+        return Exit.LOCKED
+    except StateError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return Exit.STATE

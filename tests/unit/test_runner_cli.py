@@ -1,20 +1,45 @@
-"""`python -m runner` works from the start."""
+"""`python -m runner`: commands, input checks, exit codes, status and history output.
+
+Bad input must be refused in words before anything is touched; the real Ansible runs
+are in test_runner_e2e.py.
+"""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from runner import __version__, cli
+from runner.lock import InventoryLock
+from runner.state import HistoryEntry, HostRecord, StateStore, state_dir_for
+
+PROJECT = Path(__file__).resolve().parents[2]
+EMPTY_INVENTORY = str(PROJECT / "inventories" / "none.yml")
 
 
-def test_help_exits_zero_and_says_how_to_converge(capsys):
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def state(tmp_path: Path) -> Path:
+    return tmp_path / "state"
+
+
+def test_help_lists_the_commands_and_exit_codes(capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["--help"])
     assert exit_info.value.code == 0
-    assert "ansible-playbook site.yml" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    for command in ("reconcile", "plan", "status", "history", "release"):
+        assert command in out
+    assert "3 another reconciler holds the inventory's lock" in " ".join(out.split())
 
 
 def test_version(capsys):
@@ -23,20 +48,194 @@ def test_version(capsys):
     assert __version__ in capsys.readouterr().out
 
 
-def test_module_entry_point():
+def test_module_entry_point_and_unknown_option():
     result = subprocess.run(
-        [sys.executable, "-m", "runner", "--help"], capture_output=True, text=True, check=False
-    )
-    assert result.returncode == 0
-    assert result.stdout.startswith("usage: python -m runner")
-
-
-def test_unknown_option_is_an_error_in_words():
-    result = subprocess.run(
-        [sys.executable, "-m", "runner", "--frobnicate"],
+        [sys.executable, "-m", "runner", "reconcile", "--frobnicate"],
         capture_output=True,
         text=True,
         check=False,
     )
     assert result.returncode == 2
-    assert "unrecognized arguments: --frobnicate" in result.stderr
+    assert result.stderr.startswith("usage: python -m runner")
+    assert "--frobnicate" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--components", "driver,gpu-burn"], "unknown component gpu-burn; expected"),
+        (["--interval", "-5"], "expected at least 1, got -5"),
+        (["--interval", "soon"], "expected a number, got 'soon'"),
+        (["--max-parallel", "0"], "expected at least 1, got 0"),
+        (["--once", "--interval", "60"], "not allowed with argument --once"),
+    ],
+)
+def test_bad_arguments_are_refused_in_words(capsys, state, argv, words):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["reconcile", "-i", EMPTY_INVENTORY, "--state-dir", str(state), *argv])
+    assert exit_info.value.code == cli.Exit.USAGE
+    assert words in capsys.readouterr().err
+    assert not state.exists(), "nothing was touched"
+
+
+def test_parallel_beyond_unavailable_is_refused(capsys, state):
+    code, _, err = run(
+        capsys,
+        "reconcile",
+        "--once",
+        "-i",
+        EMPTY_INVENTORY,
+        "--state-dir",
+        str(state),
+        "--max-parallel",
+        "3",
+        "--max-unavailable",
+        "2",
+    )
+    assert code == cli.Exit.USAGE
+    assert "--max-parallel 3 exceeds --max-unavailable 2" in err
+    assert not state.exists()
+
+
+def test_missing_inventory_is_refused(capsys, state, monkeypatch):
+    monkeypatch.delenv("GPUFLEET_INVENTORY", raising=False)
+    code, _, err = run(capsys, "reconcile", "--once", "--state-dir", str(state))
+    assert code == cli.Exit.USAGE
+    assert "no inventory: name one with -i INVENTORY" in err
+    code, _, err = run(capsys, "plan", "-i", "/nonexistent/hosts.yml", "--state-dir", str(state))
+    assert code == cli.Exit.USAGE
+    assert "inventory '/nonexistent/hosts.yml' does not exist" in err
+    assert not state.exists()
+
+
+def test_unparsable_inventory_is_an_error_in_words(capsys, state, tmp_path):
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text("all:\n  hosts: [unclosed\n")
+    code, _, err = run(
+        capsys, "reconcile", "--once", "-i", str(inventory), "--state-dir", str(state)
+    )
+    assert code == cli.Exit.USAGE
+    assert f"inventory {inventory} cannot be read" in err
+    assert "Traceback" not in err
+
+
+def test_a_second_reconciler_on_the_same_inventory_is_refused(capsys, state):
+    directory = state_dir_for(state, EMPTY_INVENTORY)
+    directory.mkdir(parents=True)
+    with InventoryLock(directory):
+        code, _, err = run(
+            capsys, "reconcile", "--once", "-i", EMPTY_INVENTORY, "--state-dir", str(state)
+        )
+    assert code == cli.Exit.LOCKED
+    assert "another reconciler (pid " in err
+    code, out, _ = run(
+        capsys, "reconcile", "--once", "-i", EMPTY_INVENTORY, "--state-dir", str(state)
+    )
+    assert code == cli.Exit.OK, "the lock went with its holder"
+    assert out.startswith("cycle: 0 probed")
+
+
+def test_corrupt_state_is_a_clear_error_then_rebuilt_on_request(capsys, state):
+    directory = state_dir_for(state, EMPTY_INVENTORY)
+    directory.mkdir(parents=True)
+    (directory / "state.db").write_bytes(b"this is not SQLite" * 100)
+    code, _, err = run(capsys, "status", "-i", EMPTY_INVENTORY, "--state-dir", str(state))
+    assert code == cli.Exit.STATE
+    assert "is unreadable" in err and "--rebuild-state" in err
+    code, _, _ = run(
+        capsys, "reconcile", "--once", "-i", EMPTY_INVENTORY, "--state-dir", str(state)
+    )
+    assert code == cli.Exit.STATE
+    code, _, err = run(
+        capsys,
+        "reconcile",
+        "--once",
+        "--rebuild-state",
+        "-i",
+        EMPTY_INVENTORY,
+        "--state-dir",
+        str(state),
+    )
+    assert code == cli.Exit.OK
+    assert [p.name.split("-")[0] for p in directory.glob("state.db.unreadable-*")] == [
+        "state.db.unreadable"
+    ]
+    assert (directory / "state.db").read_bytes().startswith(b"SQLite format 3")
+
+
+def _seed(state: Path) -> None:
+    with StateStore(state_dir_for(state, EMPTY_INVENTORY)) as store:
+        store.save(
+            HostRecord(
+                "gpu-a",
+                status="converged",
+                stages={"driver": "ready", "toolkit": "pre-installed"},
+                last_reconcile=1.0,
+            )
+        )
+        store.save(
+            HostRecord(
+                "gpu-b",
+                status="failed",
+                failed_stage="toolkit",
+                reason="nvidia-ctk missing",
+                consecutive_failures=5,
+                quarantined=True,
+            ),
+            [HistoryEntry(2.0, "gpu-b", "quarantine", "toolkit", "after 5 consecutive failures")],
+        )
+        store.save(
+            HostRecord(
+                "gpu-c",
+                status="drifted",
+                drift=[{"component": "runtime_config", "kind": "file", "name": "/etc/x"}],
+            ),
+            [HistoryEntry(1.0, "gpu-c", "drift", "runtime_config", "file /etc/x: a -> b")],
+        )
+
+
+def test_status_shows_each_host_state_in_words(capsys, state):
+    _seed(state)
+    code, out, _ = run(capsys, "status", "-i", EMPTY_INVENTORY, "--state-dir", str(state))
+    assert code == cli.Exit.FAILED, "a quarantined host makes status non-zero"
+    lines = {line.split()[0]: line for line in out.splitlines()[1:]}
+    assert "converged (pre-installed: toolkit)" in lines["gpu-a"]
+    assert "driver=ready toolkit=pre-installed" in lines["gpu-a"]
+    assert "quarantined (toolkit: nvidia-ctk missing)" in lines["gpu-b"]
+    assert "drifted (runtime_config)" in lines["gpu-c"]
+    code, out, _ = run(capsys, "status", "--json", "-i", EMPTY_INVENTORY, "--state-dir", str(state))
+    hosts = {h["name"]: h for h in json.loads(out)}
+    assert hosts["gpu-b"]["quarantined"] is True
+    assert hosts["gpu-c"]["drift"][0]["component"] == "runtime_config"
+
+
+def test_status_without_state_says_what_to_run(capsys, state):
+    code, _, err = run(capsys, "status", "-i", EMPTY_INVENTORY, "--state-dir", str(state))
+    assert code == cli.Exit.USAGE
+    assert "no state for inventory" in err and "python -m runner reconcile" in err
+
+
+def test_history_and_release(capsys, state):
+    _seed(state)
+    code, out, _ = run(
+        capsys, "history", "--host", "gpu-c", "-i", EMPTY_INVENTORY, "--state-dir", str(state)
+    )
+    assert code == 0
+    assert out.strip().endswith("gpu-c drift [runtime_config]: file /etc/x: a -> b")
+    code, out, _ = run(capsys, "release", "gpu-b", "-i", EMPTY_INVENTORY, "--state-dir", str(state))
+    assert (code, out.strip()) == (0, "gpu-b: released; status failed")
+    code, out, _ = run(
+        capsys,
+        "history",
+        "--kind",
+        "release",
+        "--json",
+        "-i",
+        EMPTY_INVENTORY,
+        "--state-dir",
+        str(state),
+    )
+    assert [e["host"] for e in json.loads(out)] == ["gpu-b"]
+    code, _, err = run(capsys, "release", "gpu-z", "-i", EMPTY_INVENTORY, "--state-dir", str(state))
+    assert code == cli.Exit.USAGE
+    assert "unknown host(s) gpu-z" in err

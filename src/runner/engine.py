@@ -1,0 +1,375 @@
+"""The Ansible adapter: runs the project's playbooks with ansible-runner and turns
+their events into per-host, per-stage results.
+
+Nothing above this module knows about Ansible's event format; nothing in it knows
+about the reconcile loop. `Engine` is the interface the loop uses (tests give the
+loop a fake one).
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+# The node stages in the order site.yml runs them; the role of each is its name.
+STAGES = ("driver", "toolkit", "runtime_config", "validator", "device_plugin", "exporter")
+# Stage statuses under which the next stage builds on a stage (the collection's
+# summary filter holds the same list) and those that need no repair.
+PASSING = ("ready", "pre-installed", "disabled", "not-a-gpu-node")
+# What the project's playbooks and roles are made of: their hash is part of every
+# host's desired state, so editing a role makes every host due for a plan.
+PROJECT_PARTS = ("site.yml", "playbooks", "roles", "collections", "ansible.cfg")
+PROBE_TASK = "Probe the node's managed state"
+# Plays whose failures say nothing about one host (the report fails the run once,
+# on whichever host comes first, for a stage that failed anywhere).
+_FLEET_PLAYS = ("Report the state of every node",)
+
+
+class EngineError(Exception):
+    """Ansible could not be run at all (missing binary, unreadable inventory)."""
+
+
+@dataclass
+class ProbeResult:
+    host: str
+    reachable: bool = True
+    # Whether the node has a record of a successful apply to compare with.
+    recorded: bool = False
+    # The differences: [{component, kind, name, recorded, current}].
+    drift: list[dict[str, Any]] = field(default_factory=list)
+    reason: str = ""
+
+    @property
+    def drifted(self) -> bool:
+        return bool(self.drift)
+
+    @property
+    def components(self) -> list[str]:
+        return sorted({item["component"] for item in self.drift})
+
+
+@dataclass
+class Change:
+    component: str
+    task: str
+    diff: str = ""
+
+
+@dataclass
+class HostRun:
+    host: str
+    reachable: bool = True
+    changes: list[Change] = field(default_factory=list)
+    # stage -> the stage's published outcome (status, reason, ...).
+    stages: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # "role: task: message" for every task that failed the host.
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def changed_components(self) -> list[str]:
+        return sorted({c.component for c in self.changes if c.component in STAGES})
+
+    @property
+    def failed_stage(self) -> tuple[str, str] | None:
+        for stage in STAGES:
+            outcome = self.stages.get(stage) or {}
+            if outcome.get("status") not in (None, *PASSING):
+                return stage, str(outcome.get("reason") or outcome.get("status"))
+        return None
+
+    @property
+    def succeeded(self) -> bool:
+        return self.reachable and not self.failures and self.failed_stage is None
+
+    @property
+    def disruptive(self) -> bool:
+        """Whether applying this (planned) run would disrupt the node's workloads: a
+        driver change that reloads or reboots, or a container runtime restarted with
+        a new configuration."""
+        driver = self.stages.get("driver") or {}
+        runtime = self.stages.get("runtime_config") or {}
+        driver_change = bool(driver.get("disruptive")) and "driver" in self.changed_components
+        return driver_change or bool(runtime.get("changed"))
+
+
+@dataclass
+class RunResult:
+    hosts: dict[str, HostRun]
+    status: str = "successful"
+    canceled: bool = False
+
+
+ProgressCallback = Callable[[str, str], None]
+
+
+class Engine(Protocol):
+    """What the reconcile loop needs from Ansible."""
+
+    def inventory(self, limit: str | None = None) -> dict[str, dict[str, Any]]: ...
+
+    def desired_hashes(self, hostvars: Mapping[str, Mapping[str, Any]]) -> dict[str, str]: ...
+
+    def probe(self, hosts: Sequence[str]) -> dict[str, ProbeResult]: ...
+
+    def converge(self, hosts: Sequence[str], check: bool) -> RunResult: ...
+
+    def node_action(self, action: str, hosts: Sequence[str]) -> RunResult: ...
+
+
+def project_hash(root: Path) -> str:
+    """A hash of every file the playbooks run (roles, collection, playbooks)."""
+    digest = hashlib.sha256()
+    for part in PROJECT_PARTS:
+        base = root / part
+        paths = [base] if base.is_file() else sorted(p for p in base.rglob("*") if p.is_file())
+        for path in paths:
+            if "__pycache__" in path.parts:
+                continue
+            digest.update(str(path.relative_to(root)).encode() + b"\0")
+            digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def desired_hash(project: str, hostvars: Mapping[str, Any]) -> str:
+    text = json.dumps(hostvars, sort_keys=True, default=str)
+    return hashlib.sha256(f"{project}\0{text}".encode()).hexdigest()
+
+
+def _diff_text(res: Mapping[str, Any]) -> str:
+    diffs = res.get("diff") or []
+    if isinstance(diffs, Mapping):
+        diffs = [diffs]
+    lines: list[str] = []
+    for diff in diffs:
+        if not isinstance(diff, Mapping):
+            continue
+        if "prepared" in diff:
+            lines.append(str(diff["prepared"]).rstrip())
+        elif "before" in diff or "after" in diff:
+            header = diff.get("after_header") or diff.get("before_header") or ""
+            before, after = diff.get("before", ""), diff.get("after", "")
+            if isinstance(before, str) and isinstance(after, str):
+                lines.extend(
+                    difflib.unified_diff(
+                        before.splitlines(),
+                        after.splitlines(),
+                        f"{header} (now)",
+                        f"{header} (planned)",
+                        lineterm="",
+                    )
+                )
+            else:
+                lines.append(f"{header}: {before!r} -> {after!r}")
+    return "\n".join(line for line in lines if line)
+
+
+class EventCollector:
+    """Turns ansible-runner events into HostRun results as they arrive."""
+
+    def __init__(self, progress: ProgressCallback | None = None) -> None:
+        self.hosts: dict[str, HostRun] = {}
+        self.probes: dict[str, ProbeResult] = {}
+        # ansible-runner's verdict on the whole run, once it has ended.
+        self.status = "running"
+        self._progress = progress
+
+    def _host(self, name: str) -> HostRun:
+        return self.hosts.setdefault(name, HostRun(host=name))
+
+    def __call__(self, event: Mapping[str, Any]) -> bool:
+        kind = event.get("event", "")
+        data = event.get("event_data") or {}
+        host = data.get("host")
+        if not host or kind not in (
+            "runner_on_ok",
+            "runner_on_failed",
+            "runner_on_unreachable",
+        ):
+            return True
+        res = data.get("res") or {}
+        role = data.get("role") or ""
+        task = data.get("task") or ""
+        run = self._host(host)
+        if kind == "runner_on_unreachable":
+            run.reachable = False
+            run.failures.append(f"unreachable: {res.get('msg', '')}".strip())
+            self.probes[host] = ProbeResult(host, reachable=False, reason=str(res.get("msg")))
+            self._say(host, "unreachable")
+            return True
+        if kind == "runner_on_failed":
+            if not data.get("ignore_errors") and data.get("play") not in _FLEET_PLAYS:
+                where = f"{role}: " if role else ""
+                run.failures.append(f"{where}{task}: {res.get('msg', 'failed')}")
+                self._say(host, f"failed: {where}{task}")
+            return True
+        if task == PROBE_TASK:
+            self.probes[host] = _probe_result(host, res)
+            return True
+        for stage in STAGES:
+            outcome = (res.get("ansible_facts") or {}).get(f"{stage}_stage")
+            if isinstance(outcome, Mapping):
+                run.stages[stage] = dict(outcome)
+                self._say(host, f"{stage}: {outcome.get('status')}")
+        if res.get("changed") and role:
+            run.changes.append(Change(role, task, _diff_text(res)))
+        return True
+
+    def _say(self, host: str, text: str) -> None:
+        if self._progress is not None:
+            self._progress(host, text)
+
+
+def _probe_result(host: str, res: Mapping[str, Any]) -> ProbeResult:
+    drift: list[dict[str, Any]] = []
+    for component, items in sorted((res.get("drift") or {}).items()):
+        for item in items:
+            drift.append({"component": component, **item})
+    return ProbeResult(
+        host,
+        recorded=bool(res.get("recorded")),
+        drift=drift,
+        reason=str(res.get("reason") or ""),
+    )
+
+
+class AnsibleEngine:
+    """Runs the project's playbooks against one inventory with ansible-runner."""
+
+    def __init__(
+        self,
+        project: Path,
+        inventory: str,
+        work_dir: Path,
+        keep_runs: int = 10,
+        forks: int = 10,
+        extravars: Mapping[str, Any] | None = None,
+        progress: ProgressCallback | None = None,
+        cancel: Callable[[], bool] | None = None,
+    ) -> None:
+        self.project = project
+        self.inventory_path = inventory
+        self.work_dir = work_dir
+        self.keep_runs = keep_runs
+        self.forks = forks
+        self.extravars = dict(extravars or {})
+        self.progress = progress
+        self.cancel = cancel
+        self._bin = Path(sys.executable).parent
+
+    def _binary(self, name: str) -> str:
+        local = self._bin / name
+        return str(local) if local.exists() else name
+
+    def _env(self) -> dict[str, str]:
+        return {
+            "ANSIBLE_CONFIG": str(self.project / "ansible.cfg"),
+            "ANSIBLE_FORCE_COLOR": "0",
+            "ANSIBLE_NOCOLOR": "1",
+            # An inventory that does not parse is an error, not an empty fleet.
+            "ANSIBLE_INVENTORY_UNPARSED_FAILED": "1",
+            "PATH": f"{self._bin}{os.pathsep}{os.environ.get('PATH', '')}",
+        }
+
+    def inventory(self, limit: str | None = None) -> dict[str, dict[str, Any]]:
+        command = [self._binary("ansible-inventory"), "-i", self.inventory_path, "--list"]
+        if limit:
+            command += ["--limit", limit]
+        proc = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            cwd=self.project,
+            env={**os.environ, **self._env()},
+            check=False,
+        )
+        if proc.returncode != 0:
+            errors = [line for line in proc.stderr.splitlines() if "ERROR" in line]
+            raise EngineError(
+                f"inventory {self.inventory_path} cannot be read: "
+                + (" ".join(errors) or proc.stderr.strip())
+            )
+        data = json.loads(proc.stdout)
+        hostvars: dict[str, dict[str, Any]] = data.get("_meta", {}).get("hostvars", {})
+        names: set[str] = set(hostvars)
+        for group in data.values():
+            if isinstance(group, Mapping):
+                names.update(group.get("hosts", []))
+        return {name: hostvars.get(name, {}) for name in sorted(names)}
+
+    def desired_hashes(self, hostvars: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
+        project = project_hash(self.project)
+        return {host: desired_hash(project, values) for host, values in hostvars.items()}
+
+    def _run(
+        self,
+        playbook: str,
+        hosts: Sequence[str],
+        cmdline: Iterable[str] = (),
+        extravars: Mapping[str, Any] | None = None,
+    ) -> EventCollector:
+        import ansible_runner  # imported late: it is slow to import and not always needed
+
+        collector = EventCollector(self.progress)
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        runner = ansible_runner.run(
+            private_data_dir=str(self.work_dir),
+            project_dir=str(self.project),
+            playbook=str(self.project / playbook),
+            inventory=str(Path(self.inventory_path).resolve()),
+            limit=",".join(hosts),
+            forks=self.forks,
+            cmdline=" ".join(cmdline) or None,
+            extravars={**self.extravars, **(extravars or {})},
+            envvars=self._env(),
+            binary=self._binary("ansible-playbook"),
+            rotate_artifacts=self.keep_runs,
+            quiet=True,
+            event_handler=collector,
+            cancel_callback=self.cancel,
+            suppress_env_files=True,
+        )
+        collector.status = runner.status
+        if runner.status in ("failed", "successful", "canceled"):
+            return collector
+        output = runner.stdout.read() if runner.stdout else ""
+        raise EngineError(f"ansible-playbook {playbook} did not run ({runner.status}): {output}")
+
+    def probe(self, hosts: Sequence[str]) -> dict[str, ProbeResult]:
+        collector = self._run("playbooks/probe.yml", hosts)
+        results = dict(collector.probes)
+        for host in hosts:
+            results.setdefault(
+                host, ProbeResult(host, reachable=False, reason="the probe did not report")
+            )
+        return results
+
+    def converge(self, hosts: Sequence[str], check: bool) -> RunResult:
+        cmdline = ["--diff"] + (["--check"] if check else [])
+        collector = self._run("site.yml", hosts, cmdline)
+        return _result(collector, hosts)
+
+    def node_action(self, action: str, hosts: Sequence[str]) -> RunResult:
+        collector = self._run(
+            "playbooks/rollout.yml",
+            hosts,
+            extravars={"gpufleet_rollout_action": action},
+        )
+        return _result(collector, hosts)
+
+
+def _result(collector: EventCollector, hosts: Sequence[str]) -> RunResult:
+    status = collector.status
+    results = {host: collector.hosts.get(host, HostRun(host)) for host in hosts}
+    for host, run in results.items():
+        if host not in collector.hosts and status != "canceled":
+            run.reachable = False
+            run.failures.append("the run did not reach the host")
+    return RunResult(results, status=status, canceled=status == "canceled")

@@ -1,0 +1,117 @@
+"""Prometheus metrics of the reconcile loop, served on 127.0.0.1 by default.
+
+The loop tells `Metrics` what happens through its hook; nothing here decides
+anything. Each reconciler has its own registry (no process-global state), so tests
+can build as many as they like.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from runner.engine import STAGES
+from runner.reconcile import CycleReport
+from runner.state import HostRecord
+
+HOST_STATUSES = (
+    "converged",
+    "drifted",
+    "failed",
+    "unreachable",
+    "reboot-required",
+    "not-a-gpu-node",
+    "excluded",
+    "pending",
+)
+ROLLOUT_PHASES = ("queued", "cordoned", "drained", "applied", "halted")
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.cycles = Counter(
+            "gpufleet_reconcile_cycles", "Reconcile cycles run", ["result"], registry=r
+        )
+        self.duration = Histogram(
+            "gpufleet_reconcile_cycle_duration_seconds",
+            "How long one reconcile cycle took",
+            buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600),
+            registry=r,
+        )
+        self.hosts_acted = Counter(
+            "gpufleet_reconcile_hosts", "Hosts probed, planned or applied", ["phase"], registry=r
+        )
+        self.drifts = Counter(
+            "gpufleet_drift_detected", "Drift found by the probe", ["component", "kind"], registry=r
+        )
+        self.changes = Counter(
+            "gpufleet_changes",
+            "Components changed on a host, corrective (drift repaired) or intentional",
+            ["component", "kind"],
+            registry=r,
+        )
+        self.quarantines = Counter("gpufleet_quarantines", "Hosts put into quarantine", registry=r)
+        self.host_status = Gauge(
+            "gpufleet_host_status",
+            "1 for the host's current status",
+            ["host", "status"],
+            registry=r,
+        )
+        self.stage_status = Gauge(
+            "gpufleet_host_stage_status",
+            "1 for each stage's current status on the host",
+            ["host", "stage", "status"],
+            registry=r,
+        )
+        self.quarantined = Gauge(
+            "gpufleet_host_quarantined", "1 while the host is quarantined", ["host"], registry=r
+        )
+        self.rollout = Gauge(
+            "gpufleet_rollout_hosts", "Hosts in each phase of a rollout", ["phase"], registry=r
+        )
+        self._phases: dict[str, str | None] = {}
+        self._stages: dict[str, dict[str, str]] = {}
+
+    def serve(self, address: str, port: int) -> None:
+        start_http_server(port, addr=address, registry=self.registry)
+
+    def __call__(self, event: str, data: Any) -> None:
+        if event == "cycle":
+            self._cycle(data)
+        elif event == "drift":
+            self.drifts.labels(data["component"], data["kind"]).inc()
+        elif event in ("corrective", "intentional"):
+            self.changes.labels(data[1], event).inc()
+        elif event == "quarantine":
+            self.quarantines.inc()
+        elif event in ("host", "rollout"):
+            self._host(data)
+
+    def _cycle(self, report: CycleReport) -> None:
+        failed = any(o.action == "failed" for o in report.outcomes.values())
+        self.cycles.labels(
+            "interrupted" if report.interrupted else "failed" if failed else "ok"
+        ).inc()
+        self.duration.observe(report.finished - report.started)
+        self.hosts_acted.labels("probe").inc(report.probed)
+        self.hosts_acted.labels("plan").inc(report.planned)
+        self.hosts_acted.labels("apply").inc(report.applied)
+
+    def _host(self, record: HostRecord) -> None:
+        for status in HOST_STATUSES:
+            self.host_status.labels(record.name, status).set(int(record.status == status))
+        self.quarantined.labels(record.name).set(int(record.quarantined))
+        previous = self._stages.get(record.name, {})
+        for stage in STAGES:
+            old, new = previous.get(stage), record.stages.get(stage)
+            if old and old != new:
+                self.stage_status.remove(record.name, stage, old)
+            if new:
+                self.stage_status.labels(record.name, stage, new).set(1)
+        self._stages[record.name] = dict(record.stages)
+        self._phases[record.name] = record.rollout_phase
+        for phase in ROLLOUT_PHASES:
+            self.rollout.labels(phase).set(sum(p == phase for p in self._phases.values()))

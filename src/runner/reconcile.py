@@ -1,0 +1,552 @@
+"""The reconcile loop: level-triggered, cheap in steady state.
+
+Every cycle:
+1. read the inventory and hash each host's desired state (its variables plus the
+   project's playbooks and roles);
+2. probe every host that is due (not quarantined, not backing off): one task that
+   compares the node's managed state with what its last successful apply recorded;
+3. plan (check mode) on the hosts that drifted, have no record, whose desired state
+   changed, that failed last time, that are in a rollout, or whose periodic full
+   check is due;
+4. apply to the planned hosts with changes; a disruptive change (driver reload,
+   container runtime restart) goes through a rollout instead: max_parallel hosts at
+   a time, never more than max_unavailable out of service, Kubernetes nodes
+   cordoned and drained first; a failure halts the rollout and the host stays
+   cordoned;
+5. record, per host and component, what was repaired (corrective) apart from what
+   changed because the desired state did (intentional).
+
+Time, randomness and sleeping are injected, so the loop's logic runs on fake time in
+tests.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from runner.engine import STAGES, Engine, HostRun, ProbeResult
+from runner.state import HistoryEntry, HostRecord, StateStore
+
+log = logging.getLogger("runner")
+
+# A host variable that keeps a host out of disruptive rollouts (it is still probed,
+# planned and repaired when a change is not disruptive).
+EXCLUDE_VARIABLE = "gpufleet_rollout_exclude"
+# Whether a host is a Kubernetes node to cordon and drain around disruptive changes.
+CLUSTER_VARIABLE = "k8s_manifests_apply"
+# Rollout phases a host passes through; the ones in UNAVAILABLE are out of service.
+UNAVAILABLE = ("cordoned", "drained", "applied", "halted")
+
+
+@dataclass
+class Settings:
+    interval: float = 300.0
+    # Each sleep is the interval times a random factor in [1 - jitter, 1 + jitter], so
+    # reconcilers started together do not stay in step.
+    jitter: float = 0.1
+    backoff_base: float = 60.0
+    backoff_cap: float = 3600.0
+    quarantine_after: int = 5
+    # A host's whole playbook is planned at least this often even if nothing drifted
+    # (what the probe cannot see: a package a role installs but does not record).
+    full_check_interval: float = 86400.0
+    max_parallel: int = 1
+    max_unavailable: int = 1
+    check_only: bool = False
+    limit: str | None = None
+    # Only drift in and changes to these components lead to action (all when empty).
+    components: tuple[str, ...] = ()
+
+
+class Stop:
+    """Set by a signal handler: `requested` ends the loop after the current batch,
+    `urgent` (a second signal) cancels the running Ansible run too."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.urgent = False
+
+    def request(self) -> None:
+        self.urgent = self.requested
+        self.requested = True
+
+
+@dataclass
+class HostOutcome:
+    host: str
+    action: str  # probed | planned | applied | rolled-out | skipped | failed
+    reasons: list[str] = field(default_factory=list)
+    corrective: list[str] = field(default_factory=list)
+    intentional: list[str] = field(default_factory=list)
+    pending: list[str] = field(default_factory=list)
+    diffs: dict[str, list[str]] = field(default_factory=dict)
+    message: str = ""
+
+
+@dataclass
+class CycleReport:
+    started: float
+    finished: float = 0.0
+    outcomes: dict[str, HostOutcome] = field(default_factory=dict)
+    probed: int = 0
+    planned: int = 0
+    applied: int = 0
+    interrupted: bool = False
+
+    def hosts_with(self, action: str) -> list[str]:
+        return sorted(h for h, o in self.outcomes.items() if o.action == action)
+
+
+Hook = Callable[[str, Any], None]
+
+
+def backoff_delay(failures: int, settings: Settings, rng: random.Random) -> float:
+    """Seconds to wait after `failures` consecutive failures: doubling from the base,
+    capped, with the same jitter as the interval."""
+    raw = settings.backoff_base * 2 ** max(failures - 1, 0)
+    return float(min(raw, settings.backoff_cap) * _jitter(settings, rng))
+
+
+def _jitter(settings: Settings, rng: random.Random) -> float:
+    return 1.0 + rng.uniform(-settings.jitter, settings.jitter)
+
+
+class Reconciler:
+    def __init__(
+        self,
+        engine: Engine,
+        store: StateStore,
+        settings: Settings,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+        rng: random.Random | None = None,
+        stop: Stop | None = None,
+        hook: Hook | None = None,
+    ) -> None:
+        self.engine = engine
+        self.store = store
+        self.settings = settings
+        self.clock = clock
+        self.sleep = sleep
+        self.rng = rng or random.Random()
+        self.stop = stop or Stop()
+        # Observers (metrics) are told about cycles, drift, changes and host states.
+        self.hook = hook or (lambda _event, _data: None)
+
+    # -- the loop ----------------------------------------------------------------
+
+    def run(self, once: bool) -> CycleReport:
+        """Run cycles until stopped (or one, with `once`); returns the last report."""
+        while True:
+            report = self.cycle()
+            if once or self.stop.requested:
+                return report
+            delay = self.settings.interval * _jitter(self.settings, self.rng)
+            log.info("next cycle in %.0f s", delay)
+            # Sleep in short steps so that a stop request is honoured promptly.
+            deadline = self.clock() + delay
+            while not self.stop.requested and self.clock() < deadline:
+                self.sleep(min(1.0, deadline - self.clock()))
+            if self.stop.requested:
+                return report
+
+    def cycle(self) -> CycleReport:
+        report = CycleReport(started=self.clock())
+        try:
+            self._cycle(report)
+        finally:
+            report.finished = self.clock()
+            report.interrupted = self.stop.requested
+            self.hook("cycle", report)
+        return report
+
+    def _cycle(self, report: CycleReport) -> None:
+        hostvars = self.engine.inventory(self.settings.limit)
+        if not self.settings.limit:
+            for gone in self.store.forget_missing(list(hostvars)):
+                log.info("%s: no longer in the inventory; forgotten", gone)
+        desired = self.engine.desired_hashes(hostvars)
+        records = {host: self.store.host(host) for host in hostvars}
+        now = self.clock()
+
+        due = []
+        for host, record in records.items():
+            if record.quarantined:
+                report.outcomes[host] = HostOutcome(host, "skipped", message="quarantined")
+            elif record.next_attempt and record.next_attempt > now:
+                wait = record.next_attempt - now
+                report.outcomes[host] = HostOutcome(
+                    host, "skipped", message=f"backing off ({wait:.0f} s left)"
+                )
+            else:
+                due.append(host)
+        if not due:
+            return
+
+        log.info("probing %d host(s)", len(due))
+        probes = self.engine.probe(due)
+        report.probed = len(due)
+        candidates: dict[str, list[str]] = {}
+        for host in due:
+            probe = probes[host]
+            record = records[host]
+            record.last_reconcile = self.clock()
+            if not probe.reachable:
+                self._failed(record, report, "unreachable", probe.reason or "unreachable")
+                continue
+            drift = self._relevant(probe)
+            record.drift = drift
+            if drift:
+                self._drift_seen(record, drift)
+            reasons = self._reasons(record, probe, drift, desired[host], now)
+            if reasons:
+                candidates[host] = reasons
+            else:
+                record.status = _settled_status(record)
+                self.store.save(record)
+                report.outcomes[host] = HostOutcome(host, "probed")
+            self.hook("host", record)
+        if not candidates or self.stop.requested:
+            for host in candidates:
+                self.store.save(records[host])
+            return
+
+        log.info("planning %d host(s): %s", len(candidates), _reason_text(candidates))
+        plan = self.engine.converge(sorted(candidates), check=True)
+        report.planned = len(candidates)
+        to_apply: list[str] = []
+        to_roll: list[str] = []
+        for host, reasons in sorted(candidates.items()):
+            record, run = records[host], plan.hosts[host]
+            outcome = HostOutcome(host, "planned", reasons=reasons)
+            outcome.pending = self._wanted(run.changed_components)
+            outcome.diffs = _diffs(run)
+            report.outcomes[host] = outcome
+            if not run.reachable or run.failures:
+                self._failed(record, report, "plan", "; ".join(run.failures), outcome)
+                continue
+            record.last_full_check = self.clock()
+            needs_apply = bool(outcome.pending) or "drift" in reasons or "no record" in reasons
+            if self.settings.check_only or not needs_apply:
+                if not needs_apply and run.failed_stage is None:
+                    # Nothing to change: the host already is what is desired.
+                    _settle(record, desired[host])
+                record.status = "drifted" if needs_apply else _status_from(run, record)
+                _take_stages(record, run)
+                self.store.save(record)
+                continue
+            if run.disruptive or record.rollout_phase in (*UNAVAILABLE, "queued"):
+                to_roll.append(host)
+            else:
+                to_apply.append(host)
+            self.store.save(record)
+
+        if to_apply and not self.stop.requested:
+            log.info("applying to %d host(s): %s", len(to_apply), ", ".join(to_apply))
+            result = self.engine.converge(to_apply, check=False)
+            report.applied += len(to_apply)
+            for host in to_apply:
+                self._applied(records[host], result.hosts[host], desired[host], report)
+        if to_roll:
+            self._rollout(to_roll, records, hostvars, desired, report)
+
+    # -- decisions ---------------------------------------------------------------
+
+    def _relevant(self, probe: ProbeResult) -> list[dict[str, Any]]:
+        wanted = self.settings.components
+        return [d for d in probe.drift if not wanted or d["component"] in wanted]
+
+    def _wanted(self, components: Sequence[str]) -> list[str]:
+        wanted = self.settings.components
+        return [c for c in components if not wanted or c in wanted]
+
+    def _reasons(
+        self,
+        record: HostRecord,
+        probe: ProbeResult,
+        drift: Sequence[Mapping[str, Any]],
+        desired: str,
+        now: float,
+    ) -> list[str]:
+        reasons = []
+        if not probe.recorded:
+            reasons.append("no record")
+        if drift:
+            reasons.append("drift")
+        if record.desired_hash != desired:
+            reasons.append("desired state changed" if record.desired_hash else "first run")
+        if record.consecutive_failures or record.status in ("failed", "reboot-required"):
+            reasons.append("failed last time")
+        if record.rollout_phase:
+            reasons.append(f"rollout {record.rollout_phase}")
+        last = record.last_full_check
+        overdue = last is None or now - last >= self.settings.full_check_interval
+        if overdue and not reasons:
+            reasons.append("full check due")
+        return reasons
+
+    def _drift_seen(self, record: HostRecord, drift: Sequence[Mapping[str, Any]]) -> None:
+        events = []
+        for item in drift:
+            summary = f"{item['kind']} {item['name']}: {_short(item.get('recorded'))} -> " + (
+                f"{_short(item.get('current'))}"
+            )
+            events.append(
+                HistoryEntry(self.clock(), record.name, "drift", item["component"], summary)
+            )
+            self.hook("drift", item)
+        self.store.record(events)
+
+    # -- applying ----------------------------------------------------------------
+
+    def _applied(self, record: HostRecord, run: HostRun, desired: str, report: CycleReport) -> None:
+        outcome = report.outcomes.setdefault(record.name, HostOutcome(record.name, "applied"))
+        outcome.action = "applied"
+        _take_stages(record, run)
+        if not run.succeeded:
+            failed = run.failed_stage
+            reason = "; ".join(run.failures) or (f"{failed[0]}: {failed[1]}" if failed else "")
+            self._failed(record, report, failed[0] if failed else "apply", reason, outcome)
+            return
+        drifted = {d["component"] for d in record.drift}
+        intentional_run = record.desired_hash != desired
+        events = []
+        for component in run.changed_components:
+            corrective = component in drifted or not intentional_run
+            kind = "corrective" if corrective else "intentional"
+            (outcome.corrective if corrective else outcome.intentional).append(component)
+            tasks = sorted({c.task for c in run.changes if c.component == component})
+            summary = f"{len(tasks)} task(s) changed: " + "; ".join(tasks)
+            events.append(HistoryEntry(self.clock(), record.name, kind, component, summary))
+            self.hook(kind, (record.name, component))
+        if run.changes:
+            record.last_change = self.clock()
+        _settle(record, desired)
+        record.status = _status_from(run, record)
+        record.last_full_check = self.clock()
+        self.store.save(record, events)
+        self.hook("host", record)
+
+    def _failed(
+        self,
+        record: HostRecord,
+        report: CycleReport,
+        stage: str,
+        reason: str,
+        outcome: HostOutcome | None = None,
+    ) -> None:
+        record.consecutive_failures += 1
+        record.status = "unreachable" if stage == "unreachable" else "failed"
+        record.failed_stage = stage
+        record.reason = reason
+        delay = backoff_delay(record.consecutive_failures, self.settings, self.rng)
+        record.next_attempt = self.clock() + delay
+        events = [HistoryEntry(self.clock(), record.name, "failure", stage, reason)]
+        if record.consecutive_failures >= self.settings.quarantine_after:
+            record.quarantined = True
+            events.append(
+                HistoryEntry(
+                    self.clock(),
+                    record.name,
+                    "quarantine",
+                    stage,
+                    f"after {record.consecutive_failures} consecutive failures",
+                )
+            )
+            self.hook("quarantine", record.name)
+        outcome = outcome or HostOutcome(record.name, "failed")
+        outcome.action = "failed"
+        outcome.message = f"{stage}: {reason}; next attempt in {delay:.0f} s" + (
+            " (quarantined)" if record.quarantined else ""
+        )
+        report.outcomes[record.name] = outcome
+        self.store.save(record, events)
+        self.hook("host", record)
+
+    # -- disruptive rollouts -----------------------------------------------------
+
+    def _rollout(
+        self,
+        hosts: Sequence[str],
+        records: Mapping[str, HostRecord],
+        hostvars: Mapping[str, Mapping[str, Any]],
+        desired: Mapping[str, str],
+        report: CycleReport,
+    ) -> None:
+        queue = []
+        for host in hosts:
+            record = records[host]
+            if _truthy(hostvars[host].get(EXCLUDE_VARIABLE)):
+                record.status = "excluded"
+                record.reason = f"disruptive change pending; {EXCLUDE_VARIABLE} is set"
+                self.store.save(record)
+                report.outcomes[host].message = record.reason
+                continue
+            if record.rollout_phase is None:
+                record.rollout_phase = "queued"
+                self._phase(record, "queued", "disruptive change planned")
+            queue.append(host)
+        halted = [h for h, r in self.store.hosts().items() if r.rollout_phase == "halted"]
+        if halted:
+            log.warning("rollout halted by %s; release the host(s) to go on", ", ".join(halted))
+            for host in queue:
+                report.outcomes[host].message = f"rollout halted by {', '.join(halted)}"
+            return
+        # Hosts already out of service (a restarted reconciler resumes them first).
+        queue.sort(key=lambda h: (records[h].rollout_phase == "queued", h))
+        while queue and not self.stop.requested:
+            busy = [
+                h
+                for h, r in self.store.hosts().items()
+                if r.rollout_phase in UNAVAILABLE and h not in queue
+            ]
+            room = self.settings.max_unavailable - len(busy)
+            size = min(self.settings.max_parallel, room)
+            if size <= 0:
+                log.info("rollout waits: %d host(s) out of service", len(busy))
+                return
+            batch, queue = queue[:size], queue[size:]
+            if not self._roll_batch(batch, records, hostvars, desired, report):
+                return
+
+    def _roll_batch(
+        self,
+        batch: Sequence[str],
+        records: Mapping[str, HostRecord],
+        hostvars: Mapping[str, Mapping[str, Any]],
+        desired: Mapping[str, str],
+        report: CycleReport,
+    ) -> bool:
+        log.info("rolling out to %s", ", ".join(batch))
+        nodes = [h for h in batch if _truthy(hostvars[h].get(CLUSTER_VARIABLE))]
+        for action, before, after in (
+            ("cordon", ("queued",), "cordoned"),
+            ("drain", ("queued", "cordoned"), "drained"),
+        ):
+            todo = [h for h in nodes if records[h].rollout_phase in before]
+            if not todo:
+                continue
+            result = self.engine.node_action(action, todo)
+            for host in todo:
+                run = result.hosts[host]
+                if not run.succeeded:
+                    self._halt(records[host], f"{action} failed: {'; '.join(run.failures)}", report)
+                    return False
+                self._phase(records[host], after, f"{action}ed")
+        for host in batch:
+            if records[host].rollout_phase == "queued":
+                self._phase(records[host], "drained" if host in nodes else "cordoned", "ready")
+        result = self.engine.converge(list(batch), check=False)
+        report.applied += len(batch)
+        ok = True
+        for host in batch:
+            record = records[host]
+            run = result.hosts[host]
+            self._applied(record, run, desired[host], report)
+            report.outcomes[host].action = "rolled-out"
+            if not run.succeeded:
+                self._halt(record, record.reason, report)
+                ok = False
+            else:
+                self._phase(record, "applied", "change applied and validated")
+        if not ok:
+            return False
+        if nodes:
+            result = self.engine.node_action("uncordon", nodes)
+            for host in nodes:
+                if not result.hosts[host].succeeded:
+                    self._halt(records[host], "uncordon failed", report)
+                    return False
+        for host in batch:
+            self._phase(records[host], None, "done")
+        return True
+
+    def _phase(self, record: HostRecord, phase: str | None, summary: str) -> None:
+        record.rollout_phase = phase
+        record.rollout_reason = "" if phase != "halted" else record.rollout_reason
+        event = HistoryEntry(self.clock(), record.name, "rollout", phase or "done", summary)
+        self.store.save(record, [event])
+        self.hook("rollout", record)
+
+    def _halt(self, record: HostRecord, reason: str, report: CycleReport) -> None:
+        record.rollout_reason = reason
+        record.rollout_phase = "halted"
+        self.store.save(
+            record, [HistoryEntry(self.clock(), record.name, "rollout", "halted", reason)]
+        )
+        report.outcomes[record.name].message = f"rollout halted: {reason}"
+        self.hook("rollout", record)
+
+
+def release(store: StateStore, host: str, clock: Callable[[], float] = time.time) -> HostRecord:
+    """Clear a host's quarantine, backoff and halted rollout (an operator's command)."""
+    record = store.host(host)
+    record.quarantined = False
+    record.consecutive_failures = 0
+    record.next_attempt = None
+    if record.rollout_phase == "halted":
+        # Back to the start: the next cycle plans it again and, if the change is
+        # still disruptive, cordons (a no-op when still cordoned) and drains it.
+        record.rollout_phase = "queued"
+        record.rollout_reason = ""
+    store.save(record, [HistoryEntry(clock(), host, "release", "", "released by operator")])
+    return record
+
+
+def _settle(record: HostRecord, desired: str) -> None:
+    """The host reached `desired`: no drift, no failure count, no backoff."""
+    record.desired_hash = desired
+    record.drift = []
+    record.consecutive_failures = 0
+    record.next_attempt = None
+    record.failed_stage = None
+    record.reason = ""
+
+
+def _take_stages(record: HostRecord, run: HostRun) -> None:
+    if run.stages:
+        record.stages = {s: str(run.stages[s].get("status")) for s in STAGES if s in run.stages}
+
+
+def _status_from(run: HostRun, record: HostRecord) -> str:
+    statuses = [str(o.get("status")) for o in run.stages.values()]
+    if "reboot-required" in statuses:
+        return "reboot-required"
+    if statuses and all(s == "not-a-gpu-node" for s in statuses):
+        return "not-a-gpu-node"
+    if run.failed_stage:
+        return "failed"
+    return "converged" if run.stages or record.stages else record.status
+
+
+def _settled_status(record: HostRecord) -> str:
+    """The status of a host whose probe found nothing to do."""
+    if record.stages and all(s == "not-a-gpu-node" for s in record.stages.values()):
+        return "not-a-gpu-node"
+    return "converged"
+
+
+def _diffs(run: HostRun) -> dict[str, list[str]]:
+    diffs: dict[str, list[str]] = {}
+    for change in run.changes:
+        text = f"{change.task}\n{change.diff}".rstrip()
+        diffs.setdefault(change.component, []).append(text)
+    return diffs
+
+
+def _reason_text(candidates: Mapping[str, Sequence[str]]) -> str:
+    return "; ".join(f"{h} ({', '.join(r)})" for h, r in sorted(candidates.items()))
+
+
+def _short(value: Any) -> str:
+    text = str(value)
+    return text if len(text) <= 24 else text[:21] + "..."
+
+
+def _truthy(value: Any) -> bool:
+    return value is True or str(value).lower() in ("true", "yes", "1")

@@ -1,0 +1,286 @@
+"""The runner's memory: one SQLite database per inventory, in a private state directory.
+
+What it keeps, per host: the desired state (a hash) the last successful apply
+reached, the last probe's drift, each stage's status, failures, backoff and
+quarantine, and the host's phase in a disruptive rollout. Plus a bounded history
+of what happened (drift repaired, intentional changes, failures). Every write is a
+transaction: a reconciler stopped mid-cycle leaves the database as the last
+completed step left it.
+
+The schema is versioned with SQLite's `user_version`; a database written by a newer
+runner is refused rather than misread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import sqlite3
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+DATABASE_NAME = "state.db"
+DEFAULT_HISTORY_LIMIT = 5000
+
+_SCHEMA = """
+CREATE TABLE hosts (
+    name TEXT PRIMARY KEY,
+    status TEXT NOT NULL DEFAULT 'unknown',
+    desired_hash TEXT,
+    stages TEXT NOT NULL DEFAULT '{}',
+    failed_stage TEXT,
+    reason TEXT NOT NULL DEFAULT '',
+    drift TEXT NOT NULL DEFAULT '[]',
+    last_reconcile REAL,
+    last_change REAL,
+    last_full_check REAL,
+    consecutive_failures INTEGER NOT NULL DEFAULT 0,
+    next_attempt REAL,
+    quarantined INTEGER NOT NULL DEFAULT 0,
+    rollout_phase TEXT,
+    rollout_reason TEXT NOT NULL DEFAULT ''
+);
+CREATE TABLE history (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    at REAL NOT NULL,
+    host TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    component TEXT NOT NULL DEFAULT '',
+    summary TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX history_host ON history (host, id);
+"""
+
+
+class StateError(Exception):
+    """The state database cannot be used; the message says why and what to do."""
+
+
+@dataclass
+class HostRecord:
+    """What the runner knows about one host."""
+
+    name: str
+    # converged | drifted | failed | unreachable | reboot-required | not-a-gpu-node
+    # | pending (never reconciled) | excluded
+    status: str = "unknown"
+    # Hash of the desired state (inventory variables + project files) that the last
+    # successful apply reached; None until one has.
+    desired_hash: str | None = None
+    # stage name -> status from the last run that reached the host.
+    stages: dict[str, str] = field(default_factory=dict)
+    failed_stage: str | None = None
+    reason: str = ""
+    # The last probe's differences: [{component, kind, name, recorded, current}].
+    drift: list[dict[str, Any]] = field(default_factory=list)
+    last_reconcile: float | None = None
+    last_change: float | None = None
+    last_full_check: float | None = None
+    consecutive_failures: int = 0
+    next_attempt: float | None = None
+    quarantined: bool = False
+    # Disruptive rollout: None, or queued | cordoned | drained | applied | done | halted.
+    rollout_phase: str | None = None
+    rollout_reason: str = ""
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    at: float
+    host: str
+    # corrective | intentional | drift | failure | unreachable | quarantine | release
+    # | rollout
+    kind: str
+    component: str
+    summary: str
+
+
+_JSON_FIELDS = ("stages", "drift")
+
+
+def _row_to_host(row: sqlite3.Row) -> HostRecord:
+    values = dict(row)
+    for key in _JSON_FIELDS:
+        values[key] = json.loads(values[key])
+    values["quarantined"] = bool(values["quarantined"])
+    return HostRecord(**values)
+
+
+def state_dir_for(base: Path, inventory: str) -> Path:
+    """The state directory of one inventory under `base` (one database per inventory)."""
+    resolved = str(Path(inventory).resolve())
+    tag = hashlib.sha256(resolved.encode()).hexdigest()[:10]
+    return base / f"{Path(resolved).name or 'inventory'}-{tag}"
+
+
+def ensure_private_dir(path: Path) -> None:
+    """Create `path` (and parents) and make it readable by its owner only."""
+    path.mkdir(parents=True, exist_ok=True)
+    os.chmod(path, 0o700)
+
+
+class StateStore:
+    """The SQLite database of one inventory. Use as a context manager."""
+
+    def __init__(
+        self,
+        directory: Path,
+        history_limit: int = DEFAULT_HISTORY_LIMIT,
+        clock: Any = time.time,
+    ) -> None:
+        self.directory = directory
+        self.path = directory / DATABASE_NAME
+        self.history_limit = history_limit
+        self._clock = clock
+        self._db: sqlite3.Connection | None = None
+
+    # -- opening -----------------------------------------------------------------
+
+    def open(self) -> StateStore:
+        ensure_private_dir(self.directory)
+        try:
+            db = sqlite3.connect(self.path, isolation_level=None, timeout=10)
+            db.row_factory = sqlite3.Row
+            check = db.execute("PRAGMA quick_check").fetchone()[0]
+            if check != "ok":
+                raise sqlite3.DatabaseError(check)
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+        except sqlite3.DatabaseError as err:
+            raise StateError(
+                f"state database {self.path} is unreadable ({err}); move it away or run "
+                "with --rebuild-state to start a new one (hosts are then probed and "
+                "planned afresh; nothing on them is changed by the rebuild itself)"
+            ) from err
+        os.chmod(self.path, 0o600)
+        if version == 0:
+            tables = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+            if tables:
+                db.close()
+                raise StateError(f"{self.path} is an SQLite database but not the runner's")
+            with _transaction(db):
+                # One statement at a time: executescript() would commit on its own.
+                for statement in filter(str.strip, _SCHEMA.split(";")):
+                    db.execute(statement)
+                db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        elif version > SCHEMA_VERSION:
+            db.close()
+            raise StateError(
+                f"state database {self.path} has schema {version}, written by a newer "
+                f"runner (this one reads schema {SCHEMA_VERSION}); upgrade the runner"
+            )
+        self._db = db
+        return self
+
+    def rebuild(self) -> StateStore:
+        """Move an unusable database aside (kept for inspection) and start a new one."""
+        if self.path.exists():
+            aside = self.path.with_name(f"{DATABASE_NAME}.unreadable-{int(self._clock())}")
+            self.path.replace(aside)
+        return self.open()
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    def __enter__(self) -> StateStore:
+        return self if self._db is not None else self.open()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def db(self) -> sqlite3.Connection:
+        if self._db is None:
+            raise StateError("state database is not open")
+        return self._db
+
+    # -- hosts -------------------------------------------------------------------
+
+    def hosts(self) -> dict[str, HostRecord]:
+        rows = self.db.execute("SELECT * FROM hosts ORDER BY name").fetchall()
+        return {row["name"]: _row_to_host(row) for row in rows}
+
+    def host(self, name: str) -> HostRecord:
+        row = self.db.execute("SELECT * FROM hosts WHERE name = ?", (name,)).fetchone()
+        return _row_to_host(row) if row else HostRecord(name=name, status="pending")
+
+    def save(self, record: HostRecord, events: Sequence[HistoryEntry] = ()) -> None:
+        """Store one host's record and its history entries in one transaction."""
+        values = asdict(record)
+        for key in _JSON_FIELDS:
+            values[key] = json.dumps(values[key], sort_keys=True)
+        values["quarantined"] = int(values["quarantined"])
+        columns = ", ".join(values)
+        marks = ", ".join(f":{key}" for key in values)
+        with _transaction(self.db):
+            self.db.execute(f"INSERT OR REPLACE INTO hosts ({columns}) VALUES ({marks})", values)
+            self._append(events)
+
+    def forget_missing(self, names: Sequence[str]) -> list[str]:
+        """Drop hosts that are no longer in the inventory; returns their names."""
+        known = set(self.hosts())
+        gone = sorted(known - set(names))
+        with _transaction(self.db):
+            for name in gone:
+                self.db.execute("DELETE FROM hosts WHERE name = ?", (name,))
+        return gone
+
+    # -- history -----------------------------------------------------------------
+
+    def record(self, events: Sequence[HistoryEntry]) -> None:
+        with _transaction(self.db):
+            self._append(events)
+
+    def _append(self, events: Sequence[HistoryEntry]) -> None:
+        if not events:
+            return
+        self.db.executemany(
+            "INSERT INTO history (at, host, kind, component, summary) VALUES (?, ?, ?, ?, ?)",
+            [(e.at, e.host, e.kind, e.component, e.summary) for e in events],
+        )
+        # Bounded: only the newest `history_limit` entries are kept.
+        self.db.execute(
+            "DELETE FROM history WHERE id <= (SELECT max(id) FROM history) - ?",
+            (self.history_limit,),
+        )
+
+    def history(
+        self, host: str | None = None, limit: int = 50, kinds: Sequence[str] = ()
+    ) -> list[HistoryEntry]:
+        query = "SELECT at, host, kind, component, summary FROM history"
+        where: list[str] = []
+        params: list[Any] = []
+        if host:
+            where.append("host = ?")
+            params.append(host)
+        if kinds:
+            where.append(f"kind IN ({', '.join('?' for _ in kinds)})")
+            params.extend(kinds)
+        if where:
+            query += " WHERE " + " AND ".join(where)
+        query += " ORDER BY id DESC LIMIT ?"
+        params.append(limit)
+        rows = self.db.execute(query, params).fetchall()
+        return [HistoryEntry(**dict(row)) for row in reversed(rows)]
+
+    def counts(self) -> Mapping[str, int]:
+        rows = self.db.execute("SELECT kind, count(*) FROM history GROUP BY kind").fetchall()
+        return {row[0]: row[1] for row in rows}
+
+
+@contextlib.contextmanager
+def _transaction(db: sqlite3.Connection) -> Iterator[None]:
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")

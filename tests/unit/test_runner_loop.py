@@ -1,0 +1,445 @@
+"""The reconcile loop's decisions on fake time, with a fake Ansible.
+
+The fake fleet behaves like the real one where the loop can tell: a host's probe
+reports drift until an apply repairs it, a plan lists the components an apply would
+change, an unreachable host fails every run, a driver change is disruptive.
+(tests/unit/test_runner_e2e.py runs the loop against real simulated nodes.)
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runner.engine import STAGES, Change, HostRun, ProbeResult, RunResult
+from runner.reconcile import Reconciler, Settings, Stop, backoff_delay, release
+from runner.state import StateStore
+
+READY = {stage: {"status": "ready"} for stage in STAGES}
+
+
+@dataclass
+class Node:
+    variables: dict[str, Any] = field(default_factory=dict)
+    # What an apply would change (component -> disruptive?), as the plan shows it.
+    pending: dict[str, bool] = field(default_factory=dict)
+    drift: list[dict[str, Any]] = field(default_factory=list)
+    recorded: bool = False
+    reachable: bool = True
+    broken_stage: str | None = None
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class FakeEngine:
+    """Ansible as the loop sees it; `calls` records every run and its hosts."""
+
+    def __init__(self, nodes: dict[str, Node], project: str = "v1") -> None:
+        self.nodes = nodes
+        self.project = project
+        self.calls: list[tuple[str, tuple[str, ...]]] = []
+        self.on_apply: Any = None
+
+    def inventory(self, limit: str | None = None) -> dict[str, dict[str, Any]]:
+        names = [n for n in self.nodes if not limit or n == limit]
+        return {n: dict(self.nodes[n].variables) for n in names}
+
+    def desired_hashes(self, hostvars: Any) -> dict[str, str]:
+        return {h: f"{self.project}:{sorted(v.items())}" for h, v in hostvars.items()}
+
+    def probe(self, hosts: Sequence[str]) -> dict[str, ProbeResult]:
+        self.calls.append(("probe", tuple(hosts)))
+        return {
+            h: ProbeResult(
+                h,
+                reachable=self.nodes[h].reachable,
+                recorded=self.nodes[h].recorded,
+                drift=list(self.nodes[h].drift),
+            )
+            for h in hosts
+        }
+
+    def _run(self, host: str) -> HostRun:
+        node = self.nodes[host]
+        if not node.reachable:
+            return HostRun(host, reachable=False, failures=["unreachable: no route"])
+        stages = {s: dict(v) for s, v in READY.items()}
+        if node.pending.get("driver"):
+            stages["driver"]["disruptive"] = True
+        if node.broken_stage:
+            stages[node.broken_stage].update(status="failed", reason="it broke")
+        changes = [Change(c, f"change {c}", f"-old\n+new {c}") for c in sorted(node.pending)]
+        return HostRun(host, changes=changes, stages=stages)
+
+    def converge(self, hosts: Sequence[str], check: bool) -> RunResult:
+        self.calls.append(("plan" if check else "apply", tuple(hosts)))
+        result = RunResult({h: self._run(h) for h in hosts})
+        if not check:
+            for h in hosts:
+                node = self.nodes[h]
+                if node.reachable and not node.broken_stage:
+                    node.pending.clear()
+                    node.drift.clear()
+                    node.recorded = True
+            if self.on_apply:
+                self.on_apply(hosts)
+        return result
+
+    def node_action(self, action: str, hosts: Sequence[str]) -> RunResult:
+        self.calls.append((action, tuple(hosts)))
+        return RunResult({h: HostRun(h) for h in hosts})
+
+    def acted_on(self, kind: str) -> list[str]:
+        return [h for call, hosts in self.calls if call == kind for h in hosts]
+
+
+def drift(component: str = "runtime_config") -> list[dict[str, Any]]:
+    return [
+        {
+            "component": component,
+            "kind": "file",
+            "name": "/etc/containerd/config.toml",
+            "recorded": "sha256:aaa",
+            "current": "sha256:bbb",
+        }
+    ]
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> StateStore:
+    with StateStore(tmp_path / "state") as opened:
+        yield opened
+
+
+def make(
+    store: StateStore, nodes: dict[str, Node], clock: FakeClock | None = None, **settings: Any
+) -> tuple[Reconciler, FakeEngine, FakeClock]:
+    engine = FakeEngine(nodes)
+    clock = clock or FakeClock()
+    reconciler = Reconciler(
+        engine,
+        store,
+        Settings(**settings),
+        clock=clock,
+        sleep=clock.sleep,
+        rng=random.Random(7),
+    )
+    return reconciler, engine, clock
+
+
+def fresh_fleet(*names: str) -> dict[str, Node]:
+    return {n: Node(pending={"driver": False, "toolkit": False}) for n in names}
+
+
+def converged(store: StateStore, *names: str) -> tuple[Reconciler, FakeEngine, FakeClock]:
+    """A fleet after its first cycle: every host applied and recorded."""
+    reconciler, engine, clock = make(store, fresh_fleet(*names))
+    reconciler.cycle()
+    engine.calls.clear()
+    return reconciler, engine, clock
+
+
+def test_first_cycle_applies_everything_as_intentional(store: StateStore) -> None:
+    reconciler, engine, _ = make(store, fresh_fleet("a", "b"))
+    report = reconciler.cycle()
+    assert engine.acted_on("apply") == ["a", "b"]
+    assert report.outcomes["a"].intentional == ["driver", "toolkit"]
+    assert report.outcomes["a"].corrective == []
+    assert {h.status for h in store.hosts().values()} == {"converged"}
+    assert [e.kind for e in store.history("a")] == ["intentional", "intentional"]
+
+
+def test_steady_state_only_probes(store: StateStore) -> None:
+    reconciler, engine, _ = converged(store, "a", "b", "c")
+    report = reconciler.cycle()
+    assert engine.calls == [("probe", ("a", "b", "c"))]
+    assert report.hosts_with("probed") == ["a", "b", "c"]
+
+
+def test_drift_is_planned_repaired_on_that_host_only_and_called_corrective(
+    store: StateStore,
+) -> None:
+    reconciler, engine, _ = converged(store, "a", "b", "c")
+    engine.nodes["b"].drift = drift()
+    engine.nodes["b"].pending = {"runtime_config": False}
+    report = reconciler.cycle()
+    assert engine.acted_on("plan") == ["b"]
+    assert engine.acted_on("apply") == ["b"]
+    assert report.outcomes["b"].corrective == ["runtime_config"]
+    assert report.outcomes["b"].intentional == []
+    assert [(e.kind, e.component) for e in store.history("b")][-2:] == [
+        ("drift", "runtime_config"),
+        ("corrective", "runtime_config"),
+    ]
+    engine.calls.clear()
+    reconciler.cycle()
+    assert engine.calls == [("probe", ("a", "b", "c"))]
+
+
+def test_changed_variable_is_intentional(store: StateStore) -> None:
+    reconciler, engine, _ = converged(store, "a", "b")
+    engine.nodes["a"].variables = {"exporter_collectors": ["DCGM_FI_DEV_GPU_UTIL"]}
+    engine.nodes["a"].pending = {"exporter": False}
+    report = reconciler.cycle()
+    assert engine.acted_on("plan") == ["a"]
+    assert report.outcomes["a"].reasons == ["desired state changed"]
+    assert report.outcomes["a"].intentional == ["exporter"]
+    assert store.history("a", kinds=["intentional"])[-1].component == "exporter"
+
+
+def test_desired_change_with_nothing_to_do_is_only_planned(store: StateStore) -> None:
+    reconciler, engine, _ = converged(store, "a")
+    engine.nodes["a"].variables = {"a_comment": "no effect"}
+    reconciler.cycle()
+    assert engine.acted_on("apply") == []
+    engine.calls.clear()
+    reconciler.cycle()
+    assert engine.calls == [("probe", ("a",))], "the new desired state was remembered"
+
+
+def test_drift_and_desired_change_together_are_told_apart(store: StateStore) -> None:
+    reconciler, engine, _ = converged(store, "a")
+    engine.nodes["a"].drift = drift("toolkit")
+    engine.nodes["a"].variables = {"exporter_port": 9500}
+    engine.nodes["a"].pending = {"toolkit": False, "exporter": False}
+    report = reconciler.cycle()
+    assert report.outcomes["a"].corrective == ["toolkit"]
+    assert report.outcomes["a"].intentional == ["exporter"]
+
+
+def test_check_only_plans_and_changes_nothing(store: StateStore) -> None:
+    reconciler, engine, _ = converged(store, "a")
+    reconciler.settings.check_only = True
+    engine.nodes["a"].drift = drift()
+    engine.nodes["a"].pending = {"runtime_config": False}
+    report = reconciler.cycle()
+    assert engine.acted_on("apply") == []
+    assert report.outcomes["a"].pending == ["runtime_config"]
+    assert report.outcomes["a"].diffs["runtime_config"] == [
+        "change runtime_config\n-old\n+new runtime_config"
+    ]
+    assert store.host("a").status == "drifted"
+
+
+def test_components_filter_ignores_other_drift(store: StateStore) -> None:
+    reconciler, engine, _ = converged(store, "a")
+    reconciler.settings.components = ("driver",)
+    engine.nodes["a"].drift = drift("exporter")
+    reconciler.cycle()
+    assert engine.acted_on("plan") == []
+
+
+def test_unreachable_host_backs_off_doubling_to_the_cap_and_others_go_on(
+    store: StateStore,
+) -> None:
+    reconciler, engine, clock = converged(store, "a", "b")
+    reconciler.settings.jitter = 0.0
+    reconciler.settings.backoff_base = 60
+    reconciler.settings.backoff_cap = 300
+    reconciler.settings.quarantine_after = 100
+    engine.nodes["a"].reachable = False
+    engine.nodes["b"].drift = drift()
+    engine.nodes["b"].pending = {"runtime_config": False}
+    report = reconciler.cycle()
+    assert report.outcomes["a"].action == "failed"
+    assert engine.acted_on("apply") == ["b"], "the unreachable host did not stop the other"
+    waits = []
+    for _ in range(5):
+        record = store.host("a")
+        waits.append(record.next_attempt - clock.now)
+        engine.calls.clear()
+        reconciler.cycle()  # still backing off: not probed
+        assert engine.acted_on("probe") == ["b"]
+        clock.now = record.next_attempt
+        reconciler.cycle()
+    assert waits == [60, 120, 240, 300, 300]
+    engine.nodes["a"].reachable = True
+    clock.now = store.host("a").next_attempt
+    reconciler.cycle()
+    record = store.host("a")
+    assert (record.status, record.consecutive_failures, record.next_attempt) == (
+        "converged",
+        0,
+        None,
+    )
+
+
+def test_backoff_jitter_stays_in_bounds() -> None:
+    settings = Settings(backoff_base=100, backoff_cap=10_000, jitter=0.2)
+    rng = random.Random(1)
+    delays = [backoff_delay(3, settings, rng) for _ in range(200)]
+    assert min(delays) >= 320 and max(delays) <= 480
+    assert len({round(d) for d in delays}) > 50, "jitter spreads the delays"
+
+
+def test_quarantine_after_n_failures_until_released(store: StateStore) -> None:
+    reconciler, engine, clock = converged(store, "a", "b")
+    reconciler.settings.quarantine_after = 3
+    engine.nodes["a"].broken_stage = "toolkit"
+    engine.nodes["a"].drift = drift("toolkit")
+    engine.nodes["a"].pending = {"toolkit": False}
+    for _ in range(3):
+        reconciler.cycle()
+        clock.now = (store.host("a").next_attempt or clock.now) + 1
+    record = store.host("a")
+    assert record.quarantined
+    assert (record.failed_stage, record.reason) == ("toolkit", "toolkit: it broke")
+    assert [e.kind for e in store.history("a", kinds=["quarantine"])] == ["quarantine"]
+    engine.calls.clear()
+    report = reconciler.cycle()
+    assert engine.acted_on("probe") == ["b"]
+    assert report.outcomes["a"].message == "quarantined"
+    engine.nodes["a"].broken_stage = None
+    release(store, "a", clock)
+    reconciler.cycle()
+    assert store.host("a").status == "converged"
+    assert not store.host("a").quarantined
+
+
+def test_full_check_is_due_after_its_interval(store: StateStore) -> None:
+    reconciler, engine, clock = converged(store, "a")
+    reconciler.settings.full_check_interval = 3600
+    clock.now += 3599
+    reconciler.cycle()
+    assert engine.acted_on("plan") == []
+    clock.now += 2
+    report = reconciler.cycle()
+    assert engine.acted_on("plan") == ["a"]
+    assert report.outcomes["a"].reasons == ["full check due"]
+    assert engine.acted_on("apply") == [], "nothing to change, nothing applied"
+
+
+def test_loop_sleeps_the_jittered_interval_and_stops_on_request(store: StateStore) -> None:
+    reconciler, engine, clock = converged(store, "a")
+    reconciler.settings.interval = 100
+    reconciler.settings.jitter = 0.1
+    starts = []
+
+    def probe_and_count(hosts: Sequence[str]) -> dict[str, ProbeResult]:
+        starts.append(clock.now)
+        if len(starts) == 4:
+            reconciler.stop.request()
+        return FakeEngine.probe(engine, hosts)
+
+    engine.probe = probe_and_count  # type: ignore[method-assign]
+    reconciler.run(once=False)
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    assert len(starts) == 4
+    assert all(90 <= gap <= 110 for gap in gaps)
+    assert len(set(gaps)) > 1, "the jitter differs from cycle to cycle"
+
+
+def test_stop_during_a_batch_finishes_it_and_starts_no_other(store: StateStore) -> None:
+    reconciler, engine, _ = make(store, fresh_fleet("a", "b"), max_parallel=1, max_unavailable=1)
+    for node in engine.nodes.values():
+        node.pending = {"driver": True}
+    engine.on_apply = lambda hosts: reconciler.stop.request()
+    report = reconciler.run(once=False)
+    assert report.interrupted
+    assert engine.acted_on("apply") == ["a"], "b's batch was not started"
+    assert store.host("a").rollout_phase is None
+    assert store.host("a").status == "converged"
+    assert store.host("b").rollout_phase == "queued", "b waits, its phase persisted"
+
+
+def test_disruptive_changes_roll_one_batch_at_a_time(store: StateStore) -> None:
+    reconciler, engine, _ = make(
+        store, fresh_fleet("a", "b", "c"), max_parallel=2, max_unavailable=2
+    )
+    for node in engine.nodes.values():
+        node.pending = {"driver": True}
+    reconciler.cycle()
+    applies = [hosts for call, hosts in engine.calls if call == "apply"]
+    assert applies == [("a", "b"), ("c",)]
+    assert {r.rollout_phase for r in store.hosts().values()} == {None}
+    phases = [e.component for e in store.history("a", kinds=["rollout"])]
+    assert phases == ["queued", "cordoned", "applied", "done"]
+
+
+def test_kubernetes_nodes_are_cordoned_drained_and_uncordoned(store: StateStore) -> None:
+    reconciler, engine, _ = make(store, fresh_fleet("a"))
+    engine.nodes["a"].variables = {"k8s_manifests_apply": True}
+    engine.nodes["a"].pending = {"driver": True}
+    reconciler.cycle()
+    assert [call for call, _ in engine.calls] == [
+        "probe",
+        "plan",
+        "cordon",
+        "drain",
+        "apply",
+        "uncordon",
+    ]
+
+
+def test_failing_host_halts_the_rollout_and_stays_cordoned(store: StateStore) -> None:
+    reconciler, engine, clock = make(store, fresh_fleet("a", "b"))
+    for node in engine.nodes.values():
+        node.variables = {"k8s_manifests_apply": True}
+        node.pending = {"driver": True}
+    engine.nodes["a"].broken_stage = "driver"
+    reconciler.cycle()
+    assert engine.acted_on("apply") == ["a"]
+    assert "uncordon" not in [call for call, _ in engine.calls]
+    record = store.host("a")
+    assert record.rollout_phase == "halted"
+    assert "it broke" in record.rollout_reason
+    assert store.host("b").rollout_phase == "queued"
+    engine.calls.clear()
+    clock.now += 10_000
+    reconciler.cycle()
+    assert engine.acted_on("apply") == [], "the halted rollout does not go on by itself"
+
+
+def test_restarted_reconciler_resumes_a_drained_host_first(store: StateStore) -> None:
+    reconciler, engine, _ = make(store, fresh_fleet("a", "b"))
+    for node in engine.nodes.values():
+        node.variables = {"k8s_manifests_apply": True}
+        node.pending = {"driver": True}
+    # A reconciler stopped after draining b: b is out of service, a still queued.
+    for host, phase in (("a", "queued"), ("b", "drained")):
+        record = store.host(host)
+        record.rollout_phase = phase
+        store.save(record)
+    reconciler.cycle()
+    applies = [hosts for call, hosts in engine.calls if call == "apply"]
+    assert applies == [("b",), ("a",)]
+    assert ("drain", ("b",)) not in engine.calls, "b was not drained twice"
+
+
+def test_excluded_host_gets_no_disruptive_change(store: StateStore) -> None:
+    reconciler, engine, _ = make(store, fresh_fleet("a"))
+    engine.nodes["a"].variables = {"gpufleet_rollout_exclude": True}
+    engine.nodes["a"].pending = {"driver": True}
+    reconciler.cycle()
+    assert engine.acted_on("apply") == []
+    assert store.host("a").status == "excluded"
+
+
+def test_hosts_gone_from_the_inventory_are_forgotten(store: StateStore) -> None:
+    reconciler, engine, _ = converged(store, "a", "b")
+    del engine.nodes["b"]
+    reconciler.cycle()
+    assert list(store.hosts()) == ["a"]
+
+
+def test_stop_object_second_request_is_urgent() -> None:
+    stop = Stop()
+    stop.request()
+    assert (stop.requested, stop.urgent) == (True, False)
+    stop.request()
+    assert stop.urgent

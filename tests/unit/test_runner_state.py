@@ -1,0 +1,83 @@
+"""The reconciler's state: private, versioned, bounded, and refused when unusable."""
+
+from __future__ import annotations
+
+import sqlite3
+import stat
+from pathlib import Path
+
+import pytest
+
+from runner.state import (
+    SCHEMA_VERSION,
+    HistoryEntry,
+    HostRecord,
+    StateError,
+    StateStore,
+    state_dir_for,
+)
+
+
+def test_state_is_private_and_survives_a_reopen(tmp_path: Path) -> None:
+    directory = tmp_path / "state"
+    with StateStore(directory) as store:
+        store.save(HostRecord("a", status="converged", stages={"driver": "ready"}))
+    assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+    assert stat.S_IMODE((directory / "state.db").stat().st_mode) == 0o600
+    with StateStore(directory) as store:
+        assert store.host("a").stages == {"driver": "ready"}
+        assert store.host("never-seen").status == "pending"
+
+
+def test_history_is_bounded_to_the_newest_entries(tmp_path: Path) -> None:
+    with StateStore(tmp_path, history_limit=10) as store:
+        for n in range(25):
+            store.record([HistoryEntry(float(n), "a", "drift", "toolkit", f"entry {n}")])
+        entries = store.history(limit=100)
+    assert [e.summary for e in entries] == [f"entry {n}" for n in range(15, 25)]
+
+
+def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
+    with StateStore(tmp_path):
+        pass
+    db = sqlite3.connect(tmp_path / "state.db")
+    db.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    db.close()
+    with pytest.raises(StateError, match="written by a newer runner"):
+        StateStore(tmp_path).open()
+
+
+def test_another_programs_database_is_refused(tmp_path: Path) -> None:
+    db = sqlite3.connect(tmp_path / "state.db")
+    db.execute("CREATE TABLE photos (id INTEGER)")
+    db.close()
+    with pytest.raises(StateError, match="not the runner's"):
+        StateStore(tmp_path).open()
+
+
+def test_rebuild_keeps_the_unreadable_file_aside(tmp_path: Path) -> None:
+    (tmp_path / "state.db").write_bytes(b"\x00garbage" * 512)
+    store = StateStore(tmp_path, clock=lambda: 42.0)
+    with pytest.raises(StateError, match="unreadable"):
+        store.open()
+    store.rebuild().close()
+    assert (tmp_path / "state.db.unreadable-42").read_bytes().startswith(b"\x00garbage")
+    with StateStore(tmp_path) as reopened:
+        assert reopened.hosts() == {}
+
+
+def test_a_failed_transaction_leaves_nothing_behind(tmp_path: Path) -> None:
+    with StateStore(tmp_path) as store:
+        store.save(HostRecord("a", status="converged"))
+        bad = HistoryEntry(1.0, "a", "drift", "toolkit", None)  # type: ignore[arg-type]
+        with pytest.raises(sqlite3.IntegrityError):
+            store.save(HostRecord("a", status="failed"), [bad])
+        assert store.host("a").status == "converged"
+        assert store.history() == []
+
+
+def test_each_inventory_has_its_own_directory(tmp_path: Path) -> None:
+    one = state_dir_for(tmp_path, "/srv/site-a/hosts.yml")
+    two = state_dir_for(tmp_path, "/srv/site-b/hosts.yml")
+    assert one != two
+    assert one.name.startswith("hosts.yml-")
