@@ -216,11 +216,22 @@ class Reconciler:
                 self.store.save(records[host])
             return
 
-        log.info("planning %d host(s): %s", len(candidates), _reason_text(candidates))
-        plan = self.engine.converge(sorted(candidates), check=True)
-        report.planned = len(candidates)
         to_apply: list[str] = []
         to_roll: list[str] = []
+        # A host never converged before is being onboarded: there is nothing on it
+        # gpufleet could disrupt, so it is applied without a plan first.
+        onboarding = [
+            h
+            for h in sorted(candidates)
+            if records[h].desired_hash is None and not self.settings.check_only
+        ]
+        for host in onboarding:
+            report.outcomes[host] = HostOutcome(host, "planned", reasons=candidates.pop(host))
+            to_apply.append(host)
+        if candidates:
+            log.info("planning %d host(s): %s", len(candidates), _reason_text(candidates))
+            plan = self.engine.converge(sorted(candidates), check=True)
+            report.planned = len(candidates)
         for host, reasons in sorted(candidates.items()):
             record, run = records[host], plan.hosts[host]
             outcome = HostOutcome(host, "planned", reasons=reasons)

@@ -154,9 +154,17 @@ def converged(store: StateStore, *names: str) -> tuple[Reconciler, FakeEngine, F
     return reconciler, engine, clock
 
 
-def test_first_cycle_applies_everything_as_intentional(store: StateStore) -> None:
+def upgrade_driver(engine: FakeEngine, *hosts: str, **variables: Any) -> None:
+    """A new driver version asked for on converged hosts: a disruptive change."""
+    for host in hosts:
+        engine.nodes[host].variables = {"driver_version": "550.127.05", **variables}
+        engine.nodes[host].pending = {"driver": True}
+
+
+def test_first_cycle_applies_everything_as_intentional_without_a_plan(store: StateStore) -> None:
     reconciler, engine, _ = make(store, fresh_fleet("a", "b"))
     report = reconciler.cycle()
+    assert [call for call, _ in engine.calls] == ["probe", "apply"]
     assert engine.acted_on("apply") == ["a", "b"]
     assert report.outcomes["a"].intentional == ["driver", "toolkit"]
     assert report.outcomes["a"].corrective == []
@@ -345,9 +353,8 @@ def test_loop_sleeps_the_jittered_interval_and_stops_on_request(store: StateStor
 
 
 def test_stop_during_a_batch_finishes_it_and_starts_no_other(store: StateStore) -> None:
-    reconciler, engine, _ = make(store, fresh_fleet("a", "b"), max_parallel=1, max_unavailable=1)
-    for node in engine.nodes.values():
-        node.pending = {"driver": True}
+    reconciler, engine, _ = converged(store, "a", "b")
+    upgrade_driver(engine, "a", "b")
     engine.on_apply = lambda hosts: reconciler.stop.request()
     report = reconciler.run(once=False)
     assert report.interrupted
@@ -358,11 +365,9 @@ def test_stop_during_a_batch_finishes_it_and_starts_no_other(store: StateStore) 
 
 
 def test_disruptive_changes_roll_one_batch_at_a_time(store: StateStore) -> None:
-    reconciler, engine, _ = make(
-        store, fresh_fleet("a", "b", "c"), max_parallel=2, max_unavailable=2
-    )
-    for node in engine.nodes.values():
-        node.pending = {"driver": True}
+    reconciler, engine, _ = converged(store, "a", "b", "c")
+    reconciler.settings.max_parallel = reconciler.settings.max_unavailable = 2
+    upgrade_driver(engine, "a", "b", "c")
     reconciler.cycle()
     applies = [hosts for call, hosts in engine.calls if call == "apply"]
     assert applies == [("a", "b"), ("c",)]
@@ -372,9 +377,8 @@ def test_disruptive_changes_roll_one_batch_at_a_time(store: StateStore) -> None:
 
 
 def test_kubernetes_nodes_are_cordoned_drained_and_uncordoned(store: StateStore) -> None:
-    reconciler, engine, _ = make(store, fresh_fleet("a"))
-    engine.nodes["a"].variables = {"k8s_manifests_apply": True}
-    engine.nodes["a"].pending = {"driver": True}
+    reconciler, engine, _ = converged(store, "a")
+    upgrade_driver(engine, "a", k8s_manifests_apply=True)
     reconciler.cycle()
     assert [call for call, _ in engine.calls] == [
         "probe",
@@ -387,10 +391,8 @@ def test_kubernetes_nodes_are_cordoned_drained_and_uncordoned(store: StateStore)
 
 
 def test_failing_host_halts_the_rollout_and_stays_cordoned(store: StateStore) -> None:
-    reconciler, engine, clock = make(store, fresh_fleet("a", "b"))
-    for node in engine.nodes.values():
-        node.variables = {"k8s_manifests_apply": True}
-        node.pending = {"driver": True}
+    reconciler, engine, clock = converged(store, "a", "b")
+    upgrade_driver(engine, "a", "b", k8s_manifests_apply=True)
     engine.nodes["a"].broken_stage = "driver"
     reconciler.cycle()
     assert engine.acted_on("apply") == ["a"]
@@ -406,10 +408,8 @@ def test_failing_host_halts_the_rollout_and_stays_cordoned(store: StateStore) ->
 
 
 def test_restarted_reconciler_resumes_a_drained_host_first(store: StateStore) -> None:
-    reconciler, engine, _ = make(store, fresh_fleet("a", "b"))
-    for node in engine.nodes.values():
-        node.variables = {"k8s_manifests_apply": True}
-        node.pending = {"driver": True}
+    reconciler, engine, _ = converged(store, "a", "b")
+    upgrade_driver(engine, "a", "b", k8s_manifests_apply=True)
     # A reconciler stopped after draining b: b is out of service, a still queued.
     for host, phase in (("a", "queued"), ("b", "drained")):
         record = store.host(host)
@@ -422,9 +422,8 @@ def test_restarted_reconciler_resumes_a_drained_host_first(store: StateStore) ->
 
 
 def test_excluded_host_gets_no_disruptive_change(store: StateStore) -> None:
-    reconciler, engine, _ = make(store, fresh_fleet("a"))
-    engine.nodes["a"].variables = {"gpufleet_rollout_exclude": True}
-    engine.nodes["a"].pending = {"driver": True}
+    reconciler, engine, _ = converged(store, "a")
+    upgrade_driver(engine, "a", gpufleet_rollout_exclude=True)
     reconciler.cycle()
     assert engine.acted_on("apply") == []
     assert store.host("a").status == "excluded"
