@@ -26,8 +26,9 @@ class SmiParseError(ValueError):
     pass
 
 
-def query_args() -> list[str]:
-    return [f"--query-gpu={','.join(QUERY_FIELDS)}", "--format=csv,noheader,nounits"]
+def query_args(fields: tuple[str, ...] = QUERY_FIELDS) -> list[str]:
+    """nvidia-smi's arguments for `fields` (gpu_facts' by default), read by parse_query_csv."""
+    return [f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"]
 
 
 def _value(text: str) -> str | None:

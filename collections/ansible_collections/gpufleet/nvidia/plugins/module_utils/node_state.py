@@ -1,0 +1,458 @@
+# Copyright: gpufleet developers
+# Apache License 2.0 (see the repository's LICENSE)
+"""What a successful apply left on a node, recorded and compared (the node_state module).
+
+A record names, per component (a stage of site.yml), the files, packages and services
+that component manages, with their state then: a file's sha256, mode and owner; a
+package's installed version and whether it is held; a service's unit-file and active
+state. It also holds the node's own state: the loaded driver and each GPU's MIG mode.
+The probe reads the list of what to check from the record itself.
+
+`Reader` asks the node (through injected `run` and `which` callables, so tests can
+fake the programs); everything else is pure. Runs on the node: Python 3.8, no
+third-party libraries.
+"""
+
+from __future__ import annotations
+
+import grp
+import hashlib
+import json
+import os
+import pwd
+import re
+import stat
+
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import discovery, smi
+
+SCHEMA = 1
+DEFAULT_PATH = "/var/lib/gpufleet/applied.json"
+# Item kinds of a component, and the word a drift entry uses for each.
+KINDS = ("files", "packages", "services")
+KIND_WORD = {"files": "file", "packages": "package", "services": "service"}
+# A node-level difference is reported under this component.
+NODE_COMPONENT = "driver"
+
+_COMPONENT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+# Debian and RPM package names (no version, no glob); systemd unit names.
+_PACKAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+_-]*$")
+_UNIT_RE = re.compile(r"^[A-Za-z0-9:_.@\\-]+$")
+
+# dnf's versionlock plugin keeps its locks here (RHEL 8 and later).
+VERSIONLOCK_LISTS = ("/etc/dnf/plugins/versionlock.list",)
+DPKG_QUERY_FORMAT = "${Package}|${Version}|${db:Status-Abbrev}\n"
+RPM_QUERY_FORMAT = "%{NAME}|%|EPOCH?{%{EPOCH}:}:{}|%{VERSION}-%{RELEASE}\n"
+SMI_FIELDS = ("pci.bus_id", "mig.mode.current")
+SYSTEMCTL_PROPERTIES = ("Id", "UnitFileState", "ActiveState")
+_HASH_CHUNK = 1 << 20
+
+
+class NodeStateError(ValueError):
+    """Bad input to the module (a component list it cannot record)."""
+
+
+class RecordError(ValueError):
+    """The record file cannot be used; the message says why (the probe's `reason`)."""
+
+
+# --- input --------------------------------------------------------------------------
+
+
+def normalize_components(components):
+    """{name: {files, packages, services}} with sorted, unique lists; raises NodeStateError."""
+    if components is None:
+        return {}
+    if not isinstance(components, dict):
+        raise NodeStateError(f"components: expected a dict, got {type(components).__name__}")
+    result = {}
+    for name, items in components.items():
+        if not isinstance(name, str) or not _COMPONENT_RE.match(name):
+            raise NodeStateError(f"components: {name!r} is not a component name")
+        if items is None:
+            items = {}
+        if not isinstance(items, dict):
+            raise NodeStateError(f"components.{name}: expected a dict of {', '.join(KINDS)}")
+        unknown = sorted(set(items) - set(KINDS))
+        if unknown:
+            raise NodeStateError(
+                f"components.{name}: unknown key(s) {', '.join(unknown)}; "
+                f"expected {', '.join(KINDS)}"
+            )
+        entry = {}
+        for kind in KINDS:
+            values = items.get(kind) or []
+            if isinstance(values, str) or not isinstance(values, (list, tuple)):
+                raise NodeStateError(f"components.{name}.{kind}: expected a list")
+            for value in values:
+                _check_item(name, kind, value)
+            entry[kind] = sorted(set(values))
+        result[name] = entry
+    return result
+
+
+def _check_item(component, kind, value):
+    where = f"components.{component}.{kind}"
+    if not isinstance(value, str) or not value:
+        raise NodeStateError(f"{where}: expected non-empty strings, got {value!r}")
+    if kind == "files" and (not os.path.isabs(value) or os.path.normpath(value) != value):
+        raise NodeStateError(f"{where}: {value!r} is not a normalised absolute path")
+    if kind == "packages" and not _PACKAGE_RE.match(value):
+        raise NodeStateError(f"{where}: {value!r} is not a package name (no versions or globs)")
+    if kind == "services" and not _UNIT_RE.match(value):
+        raise NodeStateError(f"{where}: {value!r} is not a systemd unit name")
+
+
+def components_of(record):
+    """The item lists a record covers, in the form normalize_components returns."""
+    return {
+        name: {kind: sorted(items.get(kind, {})) for kind in KINDS}
+        for name, items in record["components"].items()
+    }
+
+
+def _all(components, kind):
+    found = set()
+    for items in components.values():
+        found.update(items[kind])
+    return sorted(found)
+
+
+# --- reading the node ---------------------------------------------------------------
+
+
+def file_state(path):
+    """sha256, mode and owner of a file (following links); None when it does not exist."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return {"error": exc.strerror or str(exc)}
+    state = {
+        "mode": f"{stat.S_IMODE(info.st_mode):04o}",
+        "owner": _name(pwd.getpwuid, info.st_uid),
+        "group": _name(grp.getgrgid, info.st_gid),
+    }
+    if not stat.S_ISREG(info.st_mode):
+        state["type"] = "directory" if stat.S_ISDIR(info.st_mode) else "other"
+        return state
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as handle:
+            for chunk in iter(lambda: handle.read(_HASH_CHUNK), b""):
+                digest.update(chunk)
+    except OSError as exc:
+        state["error"] = exc.strerror or str(exc)
+        return state
+    state["sha256"] = digest.hexdigest()
+    return state
+
+
+def _name(lookup, number):
+    try:
+        return lookup(number)[0]
+    except KeyError:
+        return str(number)
+
+
+def parse_dpkg_query(output):
+    """{package: {version, held}} of installed packages, from DPKG_QUERY_FORMAT lines.
+
+    db:Status-Abbrev is the wanted state (h: hold, what `apt-mark hold` and
+    dpkg_selections set), then the current one (i: installed), then an error flag.
+    """
+    found = {}
+    for line in output.splitlines():
+        fields = line.split("|")
+        if len(fields) != 3 or fields[0] in found:
+            continue
+        name, version, status = fields
+        if status[1:2] == "i":
+            found[name] = {"version": version, "held": status[:1] == "h"}
+    return found
+
+
+def parse_rpm_query(output):
+    """{package: version} from RPM_QUERY_FORMAT lines ("package x is not installed" skipped)."""
+    found = {}
+    for line in output.splitlines():
+        fields = line.split("|")
+        if len(fields) == 2 and fields[0] not in found:
+            found[fields[0]] = fields[1]
+    return found
+
+
+def versionlocked(text):
+    """Package names locked in a dnf versionlock.list (NAME-[EPOCH:]VERSION-RELEASE[.ARCH])."""
+    names = set()
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith(("#", "!")):  # "!" lines exclude, they do not lock
+            continue
+        parts = line.rsplit("-", 2)
+        if len(parts) == 3:
+            names.add(re.sub(r"^[0-9]+:", "", parts[0]))
+    return names
+
+
+def parse_systemctl_show(output, units):
+    """{unit: {unit_file_state, active_state}} from `systemctl show -p ... units`.
+
+    systemctl prints one block of KEY=VALUE lines per unit, in the order asked, blocks
+    separated by a blank line. A unit that does not exist has an empty UnitFileState.
+    """
+    blocks = []
+    current = {}
+    for line in output.splitlines():
+        if not line.strip():
+            if current:
+                blocks.append(current)
+                current = {}
+            continue
+        key, _, value = line.partition("=")
+        current[key] = value
+    if current:
+        blocks.append(current)
+    if len(blocks) != len(units):
+        raise ValueError(f"systemctl show gave {len(blocks)} block(s) for {len(units)} unit(s)")
+    return {
+        unit: {
+            "unit_file_state": block.get("UnitFileState") or None,
+            "active_state": block.get("ActiveState") or None,
+        }
+        for unit, block in zip(units, blocks)
+    }
+
+
+def mig_modes(rows):
+    """{PCI address: MIG mode (True, False, None: not MIG-capable)} from nvidia-smi rows."""
+    return {
+        (row.get("pci.bus_id") or "").lower()[-12:]: row.get("mig.mode.current") for row in rows
+    }
+
+
+class Reader:
+    """Reads the current state of items and of the node with a handful of programs.
+
+    `run(argv)` returns (rc, stdout, stderr); `which(name)` a program's path or None.
+    Problems that leave a state unknown are collected in `warnings`.
+    """
+
+    def __init__(self, run, which, sysfs_root="/sys", versionlock_lists=VERSIONLOCK_LISTS):
+        self.run = run
+        self.which = which
+        self.sysfs_root = sysfs_root
+        self.versionlock_lists = versionlock_lists
+        self.warnings = []
+
+    def files(self, paths):
+        return {path: file_state(path) for path in paths}
+
+    def packages(self, names):
+        """One dpkg-query call (or one rpm call plus the versionlock list) for all names."""
+        if not names:
+            return {}
+        dpkg_query = self.which("dpkg-query")
+        if dpkg_query:
+            _rc, out, _err = self.run([dpkg_query, "-W", "-f=" + DPKG_QUERY_FORMAT, *names])
+            found = parse_dpkg_query(out)
+            return {name: found.get(name) for name in names}
+        rpm = self.which("rpm")
+        if rpm:
+            _rc, out, _err = self.run([rpm, "-q", "--qf", RPM_QUERY_FORMAT, *names])
+            versions = parse_rpm_query(out)
+            locked = set()
+            for path in self.versionlock_lists:
+                try:
+                    with open(path, encoding="utf-8") as handle:
+                        locked |= versionlocked(handle.read())
+                except OSError:
+                    pass
+            return {
+                name: {"version": versions[name], "held": name in locked}
+                if name in versions
+                else None
+                for name in names
+            }
+        self.warnings.append("neither dpkg-query nor rpm found: package states unknown")
+        return {name: {"error": "no package manager"} for name in names}
+
+    def services(self, units):
+        """One `systemctl show` call for all units."""
+        if not units:
+            return {}
+        systemctl = self.which("systemctl")
+        error = "systemctl not found"
+        if systemctl:
+            rc, out, err = self.run(
+                [systemctl, "show", "-p", ",".join(SYSTEMCTL_PROPERTIES), *units]
+            )
+            if rc == 0:
+                try:
+                    return parse_systemctl_show(out, units)
+                except ValueError as exc:
+                    error = str(exc)
+            else:
+                error = f"systemctl show exited {rc}: {(err or out).strip()[:200]}"
+        self.warnings.append(f"service states unknown: {error}")
+        return {unit: {"error": error} for unit in units}
+
+    def node(self):
+        """The loaded driver (from sysfs, as gpu_facts reads it) and each GPU's MIG mode.
+
+        nvidia-smi is asked (once) only when the nvidia module is loaded.
+        """
+        module_dir = os.path.join(self.sysfs_root, "module", "nvidia")
+        version = _read(os.path.join(module_dir, "version"))
+        taint = _read(os.path.join(module_dir, "taint"))
+        driver = {
+            "version": version or None,
+            "module_type": discovery.module_type_from_taint(taint)
+            if version and taint is not None
+            else None,
+        }
+        return {"driver": driver, "mig": self._mig() if version else None}
+
+    def _mig(self):
+        binary = self.which("nvidia-smi")
+        if not binary:
+            self.warnings.append("the nvidia module is loaded but nvidia-smi is not installed")
+            return None
+        rc, out, err = self.run([binary, *smi.query_args(SMI_FIELDS)])
+        if rc != 0:
+            self.warnings.append(f"nvidia-smi exited {rc}: {(out or err).strip()[:200]}")
+            return None
+        try:
+            return mig_modes(smi.parse_query_csv(out, SMI_FIELDS))
+        except smi.SmiParseError as exc:
+            self.warnings.append(str(exc))
+            return None
+
+
+def _read(path):
+    try:
+        with open(path, encoding="ascii") as handle:
+            return handle.read().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def current_record(reader, components):
+    """The record of what `components` (normalised) and the node look like now."""
+    files = reader.files(_all(components, "files"))
+    packages = reader.packages(_all(components, "packages"))
+    services = reader.services(_all(components, "services"))
+    states = {"files": files, "packages": packages, "services": services}
+    return {
+        "schema": SCHEMA,
+        "components": {
+            name: {kind: {item: states[kind][item] for item in items[kind]} for kind in KINDS}
+            for name, items in components.items()
+        },
+        "node": reader.node(),
+    }
+
+
+# --- the record file ----------------------------------------------------------------
+
+
+def render(record):
+    """The file's text: sorted keys, no timestamps, so an unchanged node gives the same bytes."""
+    return json.dumps(record, indent=2, sort_keys=True, ensure_ascii=True) + "\n"
+
+
+def digest(data):
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    return hashlib.sha256(data).hexdigest()
+
+
+def load(data):
+    """The record in `data` (bytes); RecordError saying what is wrong with it."""
+    try:
+        record = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise RecordError(f"corrupt: not JSON ({exc})") from exc
+    if not isinstance(record, dict):
+        raise RecordError("corrupt: not a JSON object")
+    if record.get("schema") != SCHEMA:
+        raise RecordError(
+            f"other schema: {record.get('schema')!r} (this module reads schema {SCHEMA})"
+        )
+    components = record.get("components")
+    node = record.get("node")
+    if not isinstance(components, dict) or not isinstance(node, dict):
+        raise RecordError("corrupt: no components or node section")
+    for name, items in components.items():
+        if not isinstance(items, dict) or not all(
+            isinstance(items.get(kind, {}), dict) for kind in KINDS
+        ):
+            raise RecordError(f"corrupt: component {name!r} is not a dict of {', '.join(KINDS)}")
+        try:
+            normalize_components({name: {kind: list(items.get(kind, {})) for kind in KINDS}})
+        except NodeStateError as exc:
+            raise RecordError(f"corrupt: {exc}") from exc
+    return record
+
+
+def compare(recorded, current):
+    """{component: [{kind, name, recorded, current}]} for every item that differs."""
+    drift = {}
+    for name in sorted(recorded["components"]):
+        rec_items = recorded["components"][name]
+        cur_items = current["components"].get(name, {})
+        for kind in KINDS:
+            rec_kind = rec_items.get(kind, {})
+            cur_kind = cur_items.get(kind, {})
+            for item in sorted(rec_kind):
+                if rec_kind[item] != cur_kind.get(item):
+                    drift.setdefault(name, []).append(
+                        {
+                            "kind": KIND_WORD[kind],
+                            "name": item,
+                            "recorded": rec_kind[item],
+                            "current": cur_kind.get(item),
+                        }
+                    )
+    node_drift = _node_drift(recorded["node"], current["node"])
+    if node_drift:
+        drift.setdefault(NODE_COMPONENT, []).extend(node_drift)
+    return drift
+
+
+def _node_drift(recorded, current):
+    entries = []
+    rec_driver = recorded.get("driver")
+    cur_driver = current.get("driver")
+    if rec_driver != cur_driver:
+        entries.append(
+            {"kind": "driver", "name": "nvidia", "recorded": rec_driver, "current": cur_driver}
+        )
+    rec_mig = recorded.get("mig") or {}
+    cur_mig = current.get("mig") or {}
+    if recorded.get("mig") != current.get("mig"):
+        for address in sorted(set(rec_mig) | set(cur_mig)):
+            if (
+                address not in cur_mig
+                or address not in rec_mig
+                or (rec_mig[address] != cur_mig[address])
+            ):
+                entries.append(
+                    {
+                        "kind": "mig",
+                        "name": address,
+                        "recorded": rec_mig.get(address),
+                        "current": cur_mig.get(address),
+                    }
+                )
+        if not entries or entries[-1]["kind"] != "mig":
+            # No GPU on one side to name: the MIG modes as a whole differ.
+            entries.append(
+                {
+                    "kind": "mig",
+                    "name": "all",
+                    "recorded": recorded.get("mig"),
+                    "current": current.get("mig"),
+                }
+            )
+    return entries
