@@ -361,16 +361,18 @@ def _progress(host: str, text: str) -> None:
 def _exit_for(report: CycleReport, hosts: dict[str, HostRecord], settings: Settings) -> int:
     if report.interrupted:
         return Exit.INTERRUPTED
-    bad = [
-        o
-        for o in report.outcomes.values()
-        if o.action == "failed" or o.message in ("quarantined",) or "halted" in o.message
+    # Hosts this cycle acted on or skipped (backing off, quarantined) count alike:
+    # the exit code says whether the fleet is where it should be.
+    unwell = [
+        r
+        for name, r in hosts.items()
+        if name in report.outcomes
+        and (r.quarantined or r.status in ("failed", "unreachable") or r.rollout_phase == "halted")
     ]
-    if bad:
+    if unwell:
         return Exit.FAILED
-    if settings.check_only and any(
-        o.pending or "drift" in o.reasons for o in report.outcomes.values()
-    ):
+    pending = [o for o in report.outcomes.values() if o.pending or "drift" in o.reasons]
+    if settings.check_only and pending:
         return Exit.PENDING
     return Exit.OK
 
