@@ -329,7 +329,6 @@ class AnsibleEngine:
             cmdline=" ".join(cmdline) or None,
             extravars={**self.extravars, **(extravars or {})},
             envvars=self._env(),
-            binary=self._binary("ansible-playbook"),
             rotate_artifacts=self.keep_runs,
             quiet=True,
             event_handler=collector,
