@@ -85,6 +85,8 @@ class Metrics:
             self.drifts.labels(data["component"], data["kind"]).inc()
         elif event in ("corrective", "intentional"):
             self.changes.labels(data[1], event).inc()
+        elif event == "phase":
+            self.hosts_acted.labels(data[0]).inc(data[1])
         elif event == "quarantine":
             self.quarantines.inc()
         elif event in ("host", "rollout"):
@@ -96,9 +98,6 @@ class Metrics:
             "interrupted" if report.interrupted else "failed" if failed else "ok"
         ).inc()
         self.duration.observe(report.finished - report.started)
-        self.hosts_acted.labels("probe").inc(report.probed)
-        self.hosts_acted.labels("plan").inc(report.planned)
-        self.hosts_acted.labels("apply").inc(report.applied)
 
     def _host(self, record: HostRecord) -> None:
         for status in HOST_STATUSES:

@@ -176,6 +176,8 @@ class Reconciler:
 
         due = []
         for host, record in records.items():
+            if record.quarantined or (record.next_attempt and record.next_attempt > now):
+                self.hook("host", record)
             if record.quarantined:
                 report.outcomes[host] = HostOutcome(host, "skipped", message="quarantined")
             elif record.next_attempt and record.next_attempt > now:
@@ -191,6 +193,7 @@ class Reconciler:
         log.info("probing %d host(s)", len(due))
         probes = self.engine.probe(due)
         report.probed = len(due)
+        self.hook("phase", ("probe", len(due)))
         candidates: dict[str, list[str]] = {}
         for host in due:
             probe = probes[host]
@@ -232,6 +235,7 @@ class Reconciler:
             log.info("planning %d host(s): %s", len(candidates), _reason_text(candidates))
             plan = self.engine.converge(sorted(candidates), check=True)
             report.planned = len(candidates)
+            self.hook("phase", ("plan", len(candidates)))
         for host, reasons in sorted(candidates.items()):
             record, run = records[host], plan.hosts[host]
             outcome = HostOutcome(host, "planned", reasons=reasons)
@@ -261,6 +265,7 @@ class Reconciler:
             log.info("applying to %d host(s): %s", len(to_apply), ", ".join(to_apply))
             result = self.engine.converge(to_apply, check=False)
             report.applied += len(to_apply)
+            self.hook("phase", ("apply", len(to_apply)))
             for host in to_apply:
                 self._applied(records[host], result.hosts[host], desired[host], report)
         if to_roll:
@@ -454,6 +459,7 @@ class Reconciler:
                 self._phase(records[host], "drained" if host in nodes else "cordoned", "ready")
         result = self.engine.converge(list(batch), check=False)
         report.applied += len(batch)
+        self.hook("phase", ("apply", len(batch)))
         ok = True
         for host in batch:
             record = records[host]

@@ -442,3 +442,29 @@ def test_stop_object_second_request_is_urgent() -> None:
     assert (stop.requested, stop.urgent) == (True, False)
     stop.request()
     assert stop.urgent
+
+
+def test_metrics_follow_the_loop(store: StateStore) -> None:
+    from prometheus_client import generate_latest
+
+    from runner.metrics import Metrics
+
+    metrics = Metrics()
+    reconciler, engine, _ = converged(store, "a", "b")
+    reconciler.hook = metrics
+    engine.nodes["b"].drift = drift()
+    engine.nodes["b"].pending = {"runtime_config": False}
+    reconciler.cycle()
+    text = generate_latest(metrics.registry).decode()
+    for line in (
+        'gpufleet_reconcile_cycles_total{result="ok"} 1.0',
+        'gpufleet_reconcile_hosts_total{phase="probe"} 2.0',
+        'gpufleet_reconcile_hosts_total{phase="plan"} 1.0',
+        'gpufleet_reconcile_hosts_total{phase="apply"} 1.0',
+        'gpufleet_drift_detected_total{component="runtime_config",kind="file"} 1.0',
+        'gpufleet_changes_total{component="runtime_config",kind="corrective"} 1.0',
+        'gpufleet_host_status{host="b",status="converged"} 1.0',
+        'gpufleet_host_stage_status{host="b",stage="driver",status="ready"} 1.0',
+        "gpufleet_reconcile_cycle_duration_seconds_count 1.0",
+    ):
+        assert line in text
