@@ -499,15 +499,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "history":
             return cmd_history(args)
         return cmd_release(args)
-    except UsageError as err:
+    except (UsageError, EngineError, LockHeld, StateError) as err:
         print(f"error: {err}", file=sys.stderr)
-        return Exit.USAGE
-    except EngineError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return Exit.USAGE
-    except LockHeld as err:
-        print(f"error: {err}", file=sys.stderr)
-        return Exit.LOCKED
-    except StateError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return Exit.STATE
+        return _EXIT_FOR_ERROR[type(err)]
+
+
+# Bad input, including an inventory Ansible cannot read, is a usage error.
+_EXIT_FOR_ERROR: dict[type[Exception], int] = {
+    UsageError: Exit.USAGE,
+    EngineError: Exit.USAGE,
+    LockHeld: Exit.LOCKED,
+    StateError: Exit.STATE,
+}

@@ -102,6 +102,16 @@ class CycleReport:
         return sorted(h for h, o in self.outcomes.items() if o.action == action)
 
 
+@dataclass
+class _Cycle:
+    """What one cycle knows about its hosts, passed through a rollout."""
+
+    records: Mapping[str, HostRecord]
+    hostvars: Mapping[str, Mapping[str, Any]]
+    desired: Mapping[str, str]
+    report: CycleReport
+
+
 Hook = Callable[[str, Any], None]
 
 
@@ -269,7 +279,7 @@ class Reconciler:
             for host in to_apply:
                 self._applied(records[host], result.hosts[host], desired[host], report)
         if to_roll:
-            self._rollout(to_roll, records, hostvars, desired, report)
+            self._rollout(to_roll, _Cycle(records, hostvars, desired, report))
 
     # -- decisions ---------------------------------------------------------------
 
@@ -386,14 +396,8 @@ class Reconciler:
 
     # -- disruptive rollouts -----------------------------------------------------
 
-    def _rollout(
-        self,
-        hosts: Sequence[str],
-        records: Mapping[str, HostRecord],
-        hostvars: Mapping[str, Mapping[str, Any]],
-        desired: Mapping[str, str],
-        report: CycleReport,
-    ) -> None:
+    def _rollout(self, hosts: Sequence[str], cycle: _Cycle) -> None:
+        records, hostvars, report = cycle.records, cycle.hostvars, cycle.report
         queue = []
         for host in hosts:
             record = records[host]
@@ -427,17 +431,11 @@ class Reconciler:
                 log.info("rollout waits: %d host(s) out of service", len(busy))
                 return
             batch, queue = queue[:size], queue[size:]
-            if not self._roll_batch(batch, records, hostvars, desired, report):
+            if not self._roll_batch(batch, cycle):
                 return
 
-    def _roll_batch(
-        self,
-        batch: Sequence[str],
-        records: Mapping[str, HostRecord],
-        hostvars: Mapping[str, Mapping[str, Any]],
-        desired: Mapping[str, str],
-        report: CycleReport,
-    ) -> bool:
+    def _roll_batch(self, batch: Sequence[str], cycle: _Cycle) -> bool:
+        records, hostvars, report = cycle.records, cycle.hostvars, cycle.report
         log.info("rolling out to %s", ", ".join(batch))
         nodes = [h for h in batch if _truthy(hostvars[h].get(CLUSTER_VARIABLE))]
         for action, before, after in (
@@ -464,7 +462,7 @@ class Reconciler:
         for host in batch:
             record = records[host]
             run = result.hosts[host]
-            self._applied(record, run, desired[host], report)
+            self._applied(record, run, cycle.desired[host], report)
             report.outcomes[host].action = "rolled-out"
             if not run.succeeded:
                 self._halt(record, record.reason, report)

@@ -38,3 +38,23 @@ def run_ansible(command: str, *args: str) -> tuple[int, dict]:
         check=False,
     )
     return result.returncode, json.loads(result.stdout)
+
+
+def run_local_module(module: str, args: dict, *flags: str) -> dict:
+    """Run one of our modules on this host through `ansible`; returns its result."""
+    import json
+
+    _rc, report = run_ansible(
+        "ansible",
+        "localhost",
+        "-c",
+        "local",
+        "-e",
+        json.dumps({"ansible_python_interpreter": sys.executable}),
+        "-m",
+        module,
+        "-a",
+        json.dumps(args),
+        *flags,
+    )
+    return report["plays"][0]["tasks"][0]["hosts"]["localhost"]

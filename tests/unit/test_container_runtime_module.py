@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
-from conftest import PROJECT, run_ansible
+from conftest import PROJECT, run_local_module
 
 ORIGINAL = """# kept
 version = 2
@@ -18,20 +17,7 @@ version = 2
 
 
 def run_module(args: dict, *flags: str) -> dict:
-    _rc, report = run_ansible(
-        "ansible",
-        "localhost",
-        "-c",
-        "local",
-        "-e",
-        json.dumps({"ansible_python_interpreter": sys.executable}),
-        "-m",
-        "gpufleet.nvidia.container_runtime",
-        "-a",
-        json.dumps(args),
-        *flags,
-    )
-    return report["plays"][0]["tasks"][0]["hosts"]["localhost"]
+    return run_local_module("gpufleet.nvidia.container_runtime", args, *flags)
 
 
 def test_check_mode_predicts_then_apply_writes_with_a_backup_then_nothing(tmp_path):

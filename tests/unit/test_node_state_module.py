@@ -10,13 +10,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import node_state as ns
-from conftest import run_ansible
+from conftest import run_local_module
 
 T4 = "0000:3b:00.0"
 A100 = "0000:af:00.0"
@@ -371,20 +370,7 @@ def test_an_unusable_record_says_why(data, reason):
 
 
 def run_module(args: dict, *flags: str) -> dict:
-    _rc, report = run_ansible(
-        "ansible",
-        "localhost",
-        "-c",
-        "local",
-        "-e",
-        json.dumps({"ansible_python_interpreter": sys.executable}),
-        "-m",
-        "gpufleet.nvidia.node_state",
-        "-a",
-        json.dumps(args),
-        *flags,
-    )
-    return report["plays"][0]["tasks"][0]["hosts"]["localhost"]
+    return run_local_module("gpufleet.nvidia.node_state", args, *flags)
 
 
 def test_check_mode_then_record_then_again_then_probe(tmp_path, config):
