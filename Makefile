@@ -19,12 +19,12 @@ export ANSIBLE_FORCE_COLOR ?= 0
 export NO_COLOR ?= 1
 export PY_COLORS ?= 0
 
-.PHONY: help deps venv consumers image repo fleet fleet-down fleet-status demo test lint unit molecule clean
+.PHONY: help deps venv consumers image repo fleet fleet-down fleet-status demo test lint unit e2e molecule bench clean
 
 help:
 	@echo "make demo    start the simulated GPU fleet and run the main job on it"
 	@echo "make test    run lint, unit tests and molecule scenarios (what CI runs)"
-	@echo "make fleet | fleet-status | fleet-down | lint | unit | molecule | clean"
+	@echo "make fleet | fleet-status | fleet-down | lint | unit | e2e | molecule | bench | clean"
 
 deps:
 	@bash tests/sim/host-deps.sh
@@ -52,8 +52,11 @@ fleet-status: venv
 fleet-down: venv
 	@$(FLEET) down
 
+# The main job: the reconciler converges the fleet (one cycle), then says where every
+# node stands. `python -m runner reconcile -i inventories/sim` keeps it converged.
 demo: fleet
-	ansible-playbook site.yml -i $(INVENTORY)
+	$(BIN)/python -m runner reconcile --once -i $(INVENTORY)
+	$(BIN)/python -m runner status -i $(INVENTORY)
 
 lint: venv
 	yamllint --strict .
@@ -69,6 +72,14 @@ consumers:
 unit: venv consumers
 	pytest
 
+# The reconciler against a small simulated fleet, through real ansible-runner.
+e2e: image repo
+	pytest tests/e2e
+
+# Not part of `make test`: measures, asserts nothing (see tests/bench).
+bench: image repo
+	$(BIN)/python tests/bench/reconcile_bench.py $(BENCH_ARGS)
+
 # Scenario gpu-vm needs VMs with passthrough GPUs, scenario cluster a Kubernetes
 # cluster: only their syntax is checked here unless one is given.
 molecule: image repo
@@ -82,7 +93,7 @@ molecule: image repo
 	  echo "molecule cluster: converge/verify skipped: KUBECONFIG is not set (no Kubernetes" \
 	    "API server here; run: KUBECONFIG=<file> molecule test -s cluster)"; fi
 
-test: lint unit molecule
+test: lint unit e2e molecule
 
 clean: fleet-down
 	rm -rf .cache

@@ -1,0 +1,183 @@
+"""The reconciler against real simulated nodes, through real ansible-runner.
+
+One small fleet for the whole module (the tests run in order, each building on the
+fleet the one before left): a T4 node, a CPU-only node, and an inventory host with no
+node behind it. What a user would notice is asserted: exit codes, what `status` and
+`history` say, which hosts a cycle touched, and the node's own state.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+PROJECT = Path(__file__).resolve().parents[2]
+FLEET = [sys.executable, str(PROJECT / "tests" / "sim" / "fleet.py")]
+NODES = {"e2e-t4": "t4-1", "e2e-cpu": "none"}
+GONE = "e2e-gone"
+
+pytestmark = pytest.mark.fleet
+
+
+class Fleet:
+    def __init__(self, inventory: Path, state: Path) -> None:
+        self.inventory = inventory
+        self.state = state
+
+    def runner(self, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "runner", *args, *self._where()],
+            capture_output=True,
+            text=True,
+            cwd=PROJECT,
+            timeout=timeout,
+            check=False,
+        )
+
+    def reconcile(self, *args: str) -> subprocess.CompletedProcess[str]:
+        # Long backoff: a failed host stays skipped for the rest of the module.
+        return self.runner("reconcile", "--backoff-base", "3000", "--backoff-cap", "3000", *args)
+
+    def spawn(self, *args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "runner", *args, *self._where()],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=PROJECT,
+        )
+
+    def _where(self) -> list[str]:
+        return ["-i", str(self.inventory), "--state-dir", str(self.state)]
+
+    def status(self) -> dict[str, dict]:
+        result = self.runner("status", "--json")
+        return {h["name"]: h for h in json.loads(result.stdout)}
+
+    def history(self, host: str) -> list[dict]:
+        return json.loads(self.runner("history", "--json", "--host", host, "-n", "500").stdout)
+
+    def on_node(self, node: str, *command: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["podman", "exec", node, *command], capture_output=True, text=True, check=False
+        )
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    work = tmp_path_factory.mktemp("e2e")
+    inventory = work / "inventory"
+    inventory.mkdir()
+    hosts = inventory / "hosts.yml"
+    nodes = [arg for name, profile in NODES.items() for arg in ("--node", f"{name}={profile}")]
+    subprocess.run([*FLEET, "up", *nodes, "--write-inventory", str(hosts)], check=True)
+    (inventory / "group_vars").symlink_to(PROJECT / "inventories" / "sim" / "group_vars")
+    # A host whose node does not exist: unreachable from the first cycle on.
+    (inventory / "gone.yml").write_text(f"all:\n  hosts:\n    {GONE}:\n")
+    try:
+        yield Fleet(inventory, work / "state")
+    finally:
+        subprocess.run([*FLEET, "down", *NODES], check=False)
+
+
+def test_first_cycle_converges_the_fleet_and_the_unreachable_host_backs_off(fleet: Fleet):
+    result = fleet.reconcile("--once")
+    assert result.returncode == 1, result.stdout + result.stderr
+    status = fleet.status()
+    assert status["e2e-t4"]["status"] == "converged", result.stdout
+    assert set(status["e2e-t4"]["stages"].values()) == {"ready"}
+    assert status["e2e-cpu"]["status"] == "not-a-gpu-node"
+    gone = status[GONE]
+    assert (gone["status"], gone["consecutive_failures"]) == ("unreachable", 1)
+    assert gone["next_attempt"] > time.time() + 2000
+    first = [e["kind"] for e in fleet.history("e2e-t4")]
+    assert set(first) == {"intentional"}, "a first apply is intentional, never a repair"
+
+
+def test_steady_state_only_probes_and_skips_the_host_backing_off(fleet: Fleet):
+    result = fleet.reconcile("--once")
+    assert result.stdout.startswith("cycle: 2 probed, 0 planned, 0 applied"), result.stdout
+    assert f"{GONE}: skipped; backing off" in result.stdout
+    assert result.returncode == 1, "the fleet still has an unreachable host"
+
+
+def test_injected_drift_is_repaired_on_that_node_only(fleet: Fleet):
+    cpu_before = fleet.history("e2e-cpu")
+    stopped = fleet.on_node("e2e-t4", "systemctl", "stop", "dcgm-exporter.service")
+    assert stopped.returncode == 0, stopped.stderr
+    result = fleet.reconcile("--once")
+    assert "e2e-t4: applied; because drift; repaired exporter" in result.stdout, result.stdout
+    assert "e2e-cpu: probed" in result.stdout
+    active = fleet.on_node("e2e-t4", "systemctl", "is-active", "dcgm-exporter.service")
+    assert active.stdout.strip() == "active"
+    kinds = [(e["kind"], e["component"]) for e in fleet.history("e2e-t4")]
+    assert ("drift", "exporter") in kinds
+    assert kinds[-1] == ("corrective", "exporter")
+    assert fleet.history("e2e-cpu") == cpu_before, "the healthy node was not touched"
+    assert fleet.status()["e2e-t4"]["status"] == "converged"
+
+
+def test_changed_variable_is_intentional_and_sigterm_ends_after_the_batch(fleet: Fleet):
+    (fleet.inventory / "host_vars").mkdir(exist_ok=True)
+    (fleet.inventory / "host_vars" / "e2e-t4.yml").write_text(
+        "exporter_collectors: |\n  DCGM_FI_DEV_GPU_UTIL, gauge, GPU utilization (in %).\n"
+    )
+    port = free_port()
+    proc = fleet.spawn(
+        "reconcile", "--backoff-base", "3000", "--interval", "600", "--metrics-port", str(port)
+    )
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if "applying to 1 host(s): e2e-t4" in line:
+            break
+    proc.send_signal(signal.SIGTERM)
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        metrics = response.read().decode()
+    # The cycle so far is counted already: two hosts probed, one planned.
+    assert 'gpufleet_reconcile_hosts_total{phase="probe"} 2.0' in metrics
+    assert 'gpufleet_reconcile_hosts_total{phase="plan"} 1.0' in metrics
+    assert 'gpufleet_host_status{host="e2e-gone",status="unreachable"} 1.0' in metrics
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 130, out + err
+    assert "finishing the current batch" in err
+    assert "e2e-t4: applied; because desired state changed; changed as desired exporter" in out
+    last = fleet.history("e2e-t4")[-1]
+    assert (last["kind"], last["component"]) == ("intentional", "exporter")
+    collectors = fleet.on_node("e2e-t4", "cat", "/etc/dcgm-exporter/gpufleet-collectors.csv")
+    assert collectors.stdout.strip() == "DCGM_FI_DEV_GPU_UTIL, gauge, GPU utilization (in %)."
+    # The state the stopped reconciler left is whole: the next cycle only probes.
+    result = fleet.reconcile("--once")
+    assert result.stdout.startswith("cycle: 2 probed, 0 planned, 0 applied"), result.stdout
+
+
+def test_second_reconciler_is_refused_while_one_runs(fleet: Fleet):
+    first = fleet.spawn(
+        "reconcile", "--backoff-base", "3000", "--interval", "600", "--metrics-port", "0"
+    )
+    assert first.stderr is not None
+    try:
+        for line in first.stderr:
+            if "probing" in line:  # the first holds the lock from before its probe
+                break
+        second = fleet.runner("reconcile", "--once", timeout=60)  # refused at once
+        assert second.returncode == 3, second.stdout + second.stderr
+        assert "another reconciler (pid " in second.stderr
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=300)
+    assert first.returncode == 130
