@@ -41,6 +41,9 @@ EXCLUDE_VARIABLE = "gpufleet_rollout_exclude"
 CLUSTER_VARIABLE = "k8s_manifests_apply"
 # Rollout phases a host passes through; the ones in UNAVAILABLE are out of service.
 UNAVAILABLE = ("cordoned", "drained", "applied", "halted")
+# Components whose drift is repaired only after a plan: putting them back can reload
+# the driver or restart a container runtime (and with it the node's workloads).
+DISRUPTIVE_COMPONENTS = ("driver", "runtime_config")
 
 
 @dataclass
@@ -231,14 +234,14 @@ class Reconciler:
 
         to_apply: list[str] = []
         to_roll: list[str] = []
-        # A host never converged before is being onboarded: there is nothing on it
-        # gpufleet could disrupt, so it is applied without a plan first.
-        onboarding = [
+        # The plan exists to find disruptive changes before they are made; hosts
+        # where none can be due are applied straight away (see _plan_needed).
+        unplanned = [
             h
             for h in sorted(candidates)
-            if records[h].desired_hash is None and not self.settings.check_only
+            if not self._plan_needed(records[h], candidates[h], desired[h])
         ]
-        for host in onboarding:
+        for host in unplanned:
             report.outcomes[host] = HostOutcome(host, "planned", reasons=candidates.pop(host))
             to_apply.append(host)
         if candidates:
@@ -315,6 +318,28 @@ class Reconciler:
         if overdue and not reasons:
             reasons.append("full check due")
         return reasons
+
+    def _plan_needed(self, record: HostRecord, reasons: Sequence[str], desired: str) -> bool:
+        """Whether a candidate host must be planned before it is applied.
+
+        Not when it is being onboarded (never converged: nothing on it gpufleet could
+        disrupt), nor when its desired state is unchanged and all it needs is the
+        repair of drift in components whose repair disrupts nothing — putting back
+        a file, a package or a service the last apply recorded. Everything else,
+        including drift in the driver or a container runtime's configuration, is
+        planned first, so that disruptive changes go through a rollout.
+        """
+        if self.settings.check_only:
+            return True
+        if record.desired_hash is None:
+            return False
+        drifted = {d["component"] for d in record.drift}
+        return not (
+            set(reasons) == {"drift"}
+            and record.desired_hash == desired
+            and record.rollout_phase is None
+            and drifted.isdisjoint(DISRUPTIVE_COMPONENTS)
+        )
 
     def _drift_seen(self, record: HostRecord, drift: Sequence[Mapping[str, Any]]) -> None:
         events = []

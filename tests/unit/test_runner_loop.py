@@ -199,6 +199,27 @@ def test_drift_is_planned_repaired_on_that_host_only_and_called_corrective(
     assert engine.calls == [("probe", ("a", "b", "c"))]
 
 
+def test_drift_that_cannot_disrupt_is_repaired_without_a_plan(store: StateStore) -> None:
+    reconciler, engine, _ = converged(store, "a", "b")
+    engine.nodes["a"].drift = drift("exporter")
+    engine.nodes["a"].pending = {"exporter": False}
+    report = reconciler.cycle()
+    assert engine.calls == [("probe", ("a", "b")), ("apply", ("a",))]
+    assert report.outcomes["a"].corrective == ["exporter"]
+    assert report.planned == 0
+
+
+def test_drift_with_a_desired_change_is_planned_first(store: StateStore) -> None:
+    reconciler, engine, _ = converged(store, "a")
+    engine.nodes["a"].drift = drift("exporter")
+    engine.nodes["a"].variables = {"driver_version": "550.127.05"}
+    engine.nodes["a"].pending = {"exporter": False, "driver": True}
+    reconciler.cycle()
+    assert [call for call, _ in engine.calls][:2] == ["probe", "plan"]
+    assert engine.acted_on("apply") == ["a"], "applied once, through the rollout"
+    assert [e.component for e in store.history("a", kinds=["rollout"])][-1] == "done"
+
+
 def test_changed_variable_is_intentional(store: StateStore) -> None:
     reconciler, engine, _ = converged(store, "a", "b")
     engine.nodes["a"].variables = {"exporter_collectors": ["DCGM_FI_DEV_GPU_UTIL"]}
