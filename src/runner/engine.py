@@ -21,8 +21,8 @@ from typing import Any, Protocol
 
 # The node stages in the order site.yml runs them; the role of each is its name.
 STAGES = ("driver", "toolkit", "runtime_config", "validator", "device_plugin", "exporter")
-# Stage statuses under which the next stage builds on a stage (the collection's
-# summary filter holds the same list) and those that need no repair.
+# Stage statuses that need no repair: those under which the next stage builds on a
+# stage (the collection's summary filter, PASSING there) and a node without GPUs.
 PASSING = ("ready", "pre-installed", "disabled", "not-a-gpu-node")
 # What the project's playbooks and roles are made of: their hash is part of every
 # host's desired state, so editing a role makes every host due for a plan.
@@ -37,6 +37,17 @@ class EngineError(Exception):
     """Ansible could not be run at all (missing binary, unreadable inventory)."""
 
 
+def stage_passed(outcome: Mapping[str, Any]) -> bool:
+    """Whether a stage's published outcome needs no repair (a stage that did not run
+    needs none either). The collection's `stage_passed` filter judges alike — a
+    driver gpufleet does not manage but that answers counts as passed — and
+    tests/unit/test_runner_engine.py holds the two equal."""
+    status = outcome.get("status")
+    if status is None or status in PASSING:
+        return True
+    return status == "unmanaged" and bool(outcome.get("validated"))
+
+
 @dataclass
 class ProbeResult:
     host: str
@@ -46,14 +57,6 @@ class ProbeResult:
     # The differences: [{component, kind, name, recorded, current}].
     drift: list[dict[str, Any]] = field(default_factory=list)
     reason: str = ""
-
-    @property
-    def drifted(self) -> bool:
-        return bool(self.drift)
-
-    @property
-    def components(self) -> list[str]:
-        return sorted({item["component"] for item in self.drift})
 
 
 @dataclass
@@ -81,7 +84,7 @@ class HostRun:
     def failed_stage(self) -> tuple[str, str] | None:
         for stage in STAGES:
             outcome = self.stages.get(stage) or {}
-            if outcome.get("status") not in (None, *PASSING):
+            if not stage_passed(outcome):
                 return stage, str(outcome.get("reason") or outcome.get("status"))
         return None
 
