@@ -37,7 +37,7 @@ from runner.state import HostRecord, StateError, StateStore, ensure_private_dir,
 
 class Exit(IntEnum):
     OK = 0
-    FAILED = 1  # a host failed, is unreachable, quarantined or halted a rollout
+    FAILED = 1  # a host failed, is unreachable, quarantined, waits for a reboot or halted a rollout
     USAGE = 2  # bad arguments or inventory; nothing was touched
     LOCKED = 3  # another reconciler works on this inventory
     STATE = 4  # the state database cannot be used
@@ -46,12 +46,14 @@ class Exit(IntEnum):
 
 
 EXIT_TEXT = """exit codes: 0 done (fleet converged, or nothing to do); 1 a host failed, is
-unreachable or quarantined, or a rollout halted; 2 bad arguments or inventory
+unreachable, quarantined or waiting for a reboot, or a rollout halted; 2 bad
+arguments or inventory
 (nothing touched); 3 another reconciler holds the inventory's lock; 4 the state
 database is unusable; 5 (plan, reconcile --check) changes are pending; 130
 stopped by a signal after the current batch."""
 
-PROJECT = Path(__file__).resolve().parents[2]
+# The checkout this package lives in, when installed editable (`make venv`).
+CHECKOUT = Path(__file__).resolve().parents[2]
 log = logging.getLogger("runner")
 
 
@@ -234,6 +236,22 @@ def _setup_logging(fmt: str, quiet: bool) -> None:
 # -- commands ------------------------------------------------------------------
 
 
+def find_project() -> Path:
+    """The gpufleet checkout whose playbooks the reconciler runs: $GPUFLEET_PROJECT if
+    set, else the checkout of an editable install, else the working directory (a
+    node's /opt/gpufleet in pull mode, where the package is installed from it)."""
+    named = os.environ.get("GPUFLEET_PROJECT")
+    places = [Path(named)] if named else [CHECKOUT, Path.cwd()]
+    for place in places:
+        if (place / "site.yml").is_file() and (place / "playbooks").is_dir():
+            return place.resolve()
+    where = f"$GPUFLEET_PROJECT={named}" if named else f"{CHECKOUT} or {Path.cwd()}"
+    raise UsageError(
+        f"no gpufleet checkout (site.yml and playbooks/) at {where}: run from the "
+        "checkout or set GPUFLEET_PROJECT to it"
+    )
+
+
 def _inventory(args: argparse.Namespace, state_dir: Path) -> str:
     if args.inventory is None:
         return _local_inventory(state_dir, args.node_name)
@@ -305,6 +323,7 @@ def _settings(args: argparse.Namespace, check_only: bool) -> Settings:
 
 
 def _run_cycle(args: argparse.Namespace) -> int:
+    project = find_project()
     directory = _state_dir(args)
     inventory = _inventory(args, directory)
     settings = _settings(args, check_only=args.command == "plan" or args.check)
@@ -323,7 +342,7 @@ def _run_cycle(args: argparse.Namespace) -> int:
     try:
         with InventoryLock(directory), _open_store(directory, args.rebuild_state) as store:
             engine = AnsibleEngine(
-                PROJECT,
+                project,
                 inventory,
                 directory / "ansible",
                 keep_runs=args.keep_runs,
@@ -358,18 +377,21 @@ def _progress(host: str, text: str) -> None:
     log.info("  %s: %s", host, text)
 
 
+def _unwell(record: HostRecord) -> bool:
+    """Whether the host is not where it should be, for the exit code."""
+    return (
+        record.quarantined
+        or record.status in ("failed", "unreachable", "reboot-required")
+        or record.rollout_phase == "halted"
+    )
+
+
 def _exit_for(report: CycleReport, hosts: dict[str, HostRecord], settings: Settings) -> int:
     if report.interrupted:
         return Exit.INTERRUPTED
     # Hosts this cycle acted on or skipped (backing off, quarantined) count alike:
     # the exit code says whether the fleet is where it should be.
-    unwell = [
-        r
-        for name, r in hosts.items()
-        if name in report.outcomes
-        and (r.quarantined or r.status in ("failed", "unreachable") or r.rollout_phase == "halted")
-    ]
-    if unwell:
+    if any(_unwell(r) for name, r in hosts.items() if name in report.outcomes):
         return Exit.FAILED
     pending = [o for o in report.outcomes.values() if o.pending or "drift" in o.reasons]
     if settings.check_only and pending:
@@ -394,6 +416,8 @@ def _print_report(report: CycleReport, hosts: dict[str, HostRecord], diffs: bool
             parts.append("changed as desired " + ", ".join(outcome.intentional))
         if outcome.pending and outcome.action == "planned":
             parts.append("would change " + ", ".join(outcome.pending))
+            if outcome.disruptive:
+                parts.append("disruptive: rolled out in batches")
         if outcome.message:
             parts.append(outcome.message)
         if record is not None:
@@ -416,10 +440,12 @@ def _age(now: float, then: float | None) -> str:
 
 
 def _host_line(record: HostRecord) -> str:
+    where = record.failed_stage or ""
+    why = record.reason if record.reason.startswith(f"{where}:") else f"{where}: {record.reason}"
     if record.quarantined:
-        return f"quarantined ({record.failed_stage}: {record.reason})"
-    if record.status in ("failed", "unreachable"):
-        return f"{record.status} ({record.failed_stage}: {record.reason})"
+        return f"quarantined ({why})"
+    if record.status in ("failed", "unreachable", "reboot-required"):
+        return f"{record.status} ({why})"
     if record.status == "drifted" and record.drift:
         return "drifted (" + ", ".join(sorted({d["component"] for d in record.drift})) + ")"
     if record.rollout_phase:
@@ -452,7 +478,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             f"{name:<{width}}  {_host_line(record):<44} {_age(now, record.last_reconcile):<11} "
             f"{_age(now, record.last_change):<11} {stages}"
         )
-    return Exit.FAILED if any(r.quarantined or r.status == "failed" for r in hosts.values()) else 0
+    return Exit.FAILED if any(_unwell(r) for r in hosts.values()) else Exit.OK
 
 
 def cmd_history(args: argparse.Namespace) -> int:

@@ -146,6 +146,10 @@ def desired_hash(project: str, hostvars: Mapping[str, Any]) -> str:
     return hashlib.sha256(f"{project}\0{text}".encode()).hexdigest()
 
 
+# A changed result of these says what changes in its message rather than in a diff.
+_SAYING = ("debug", "ansible.builtin.debug")
+
+
 def _diff_text(res: Mapping[str, Any]) -> str:
     diffs = res.get("diff") or []
     if isinstance(diffs, Mapping):
@@ -157,7 +161,8 @@ def _diff_text(res: Mapping[str, Any]) -> str:
         if "prepared" in diff:
             lines.append(str(diff["prepared"]).rstrip())
         elif "before" in diff or "after" in diff:
-            header = diff.get("after_header") or diff.get("before_header") or ""
+            # The file on the node; a template's after_header is a temporary copy.
+            header = diff.get("before_header") or diff.get("after_header") or ""
             before, after = diff.get("before", ""), diff.get("after", "")
             if isinstance(before, str) and isinstance(after, str):
                 lines.extend(
@@ -222,7 +227,10 @@ class EventCollector:
                 run.stages[stage] = dict(outcome)
                 self._say(host, f"{stage}: {outcome.get('status')}")
         if res.get("changed") and role:
-            run.changes.append(Change(role, task, _diff_text(res)))
+            text = _diff_text(res)
+            if not text and data.get("task_action") in _SAYING and isinstance(res.get("msg"), str):
+                text = res["msg"]  # a role's prediction, said in words (check mode)
+            run.changes.append(Change(role, task, text))
         return True
 
     def _say(self, host: str, text: str) -> None:

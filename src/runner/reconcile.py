@@ -82,11 +82,13 @@ class Stop:
 @dataclass
 class HostOutcome:
     host: str
-    action: str  # probed | planned | applied | rolled-out | skipped | failed
+    action: str  # probed | planned | applied | rolled-out | skipped | failed | waiting
     reasons: list[str] = field(default_factory=list)
     corrective: list[str] = field(default_factory=list)
     intentional: list[str] = field(default_factory=list)
     pending: list[str] = field(default_factory=list)
+    # The pending change disrupts the node's workloads: it goes through a rollout.
+    disruptive: bool = False
     diffs: dict[str, list[str]] = field(default_factory=dict)
     message: str = ""
 
@@ -253,6 +255,7 @@ class Reconciler:
             record, run = records[host], plan.hosts[host]
             outcome = HostOutcome(host, "planned", reasons=reasons)
             outcome.pending = self._wanted(run.changed_components)
+            outcome.disruptive = run.disruptive
             outcome.diffs = _diffs(run)
             report.outcomes[host] = outcome
             if not run.reachable or run.failures:
@@ -344,9 +347,7 @@ class Reconciler:
     def _drift_seen(self, record: HostRecord, drift: Sequence[Mapping[str, Any]]) -> None:
         events = []
         for item in drift:
-            summary = f"{item['kind']} {item['name']}: {_short(item.get('recorded'))} -> " + (
-                f"{_short(item.get('current'))}"
-            )
+            summary = _drift_summary(item)
             events.append(
                 HistoryEntry(self.clock(), record.name, "drift", item["component"], summary)
             )
@@ -358,11 +359,22 @@ class Reconciler:
     def _applied(self, record: HostRecord, run: HostRun, desired: str, report: CycleReport) -> None:
         outcome = report.outcomes.setdefault(record.name, HostOutcome(record.name, "applied"))
         outcome.action = "applied"
+        record.last_reconcile = self.clock()
         _take_stages(record, run)
         if not run.succeeded:
             failed = run.failed_stage
-            reason = "; ".join(run.failures) or (f"{failed[0]}: {failed[1]}" if failed else "")
-            self._failed(record, report, failed[0] if failed else "apply", reason, outcome)
+            reason = "; ".join(run.failures) or (failed[1] if failed else "")
+            # A node waiting for a reboot is not broken: it backs off (nothing will
+            # change before the reboot) but is never quarantined for it.
+            waiting = not run.failures and _status_from(run, record) == "reboot-required"
+            self._failed(
+                record,
+                report,
+                failed[0] if failed else "apply",
+                reason,
+                outcome,
+                status="reboot-required" if waiting else "failed",
+            )
             return
         drifted = {d["component"] for d in record.drift}
         intentional_run = record.desired_hash != desired
@@ -390,15 +402,19 @@ class Reconciler:
         stage: str,
         reason: str,
         outcome: HostOutcome | None = None,
+        status: str = "failed",
     ) -> None:
         record.consecutive_failures += 1
-        record.status = "unreachable" if stage == "unreachable" else "failed"
+        record.last_reconcile = self.clock()
+        record.status = "unreachable" if stage == "unreachable" else status
         record.failed_stage = stage
         record.reason = reason
         delay = backoff_delay(record.consecutive_failures, self.settings, self.rng)
         record.next_attempt = self.clock() + delay
         events = [HistoryEntry(self.clock(), record.name, "failure", stage, reason)]
-        if record.consecutive_failures >= self.settings.quarantine_after:
+        if record.consecutive_failures >= self.settings.quarantine_after and (
+            record.status != "reboot-required"
+        ):
             record.quarantined = True
             events.append(
                 HistoryEntry(
@@ -411,7 +427,7 @@ class Reconciler:
             )
             self.hook("quarantine", record.name)
         outcome = outcome or HostOutcome(record.name, "failed")
-        outcome.action = "failed"
+        outcome.action = "waiting" if record.status == "reboot-required" else "failed"
         outcome.message = f"{stage}: {reason}; next attempt in {delay:.0f} s" + (
             " (quarantined)" if record.quarantined else ""
         )
@@ -479,7 +495,8 @@ class Reconciler:
                 self._phase(records[host], after, f"{action}ed")
         for host in batch:
             if records[host].rollout_phase == "queued":
-                self._phase(records[host], "drained" if host in nodes else "cordoned", "ready")
+                # Not a Kubernetes node: nothing to cordon, but out of service now.
+                self._phase(records[host], "cordoned", "out of service for the change")
         result = self.engine.converge(list(batch), check=False)
         report.applied += len(batch)
         self.hook("phase", ("apply", len(batch)))
@@ -583,9 +600,31 @@ def _reason_text(candidates: Mapping[str, Sequence[str]]) -> str:
     return "; ".join(f"{h} ({', '.join(r)})" for h, r in sorted(candidates.items()))
 
 
-def _short(value: Any) -> str:
+def _drift_summary(item: Mapping[str, Any]) -> str:
+    """One drift item in words: what it is and which of its fields changed, e.g.
+    "service dcgm-exporter.service: active_state active -> inactive"."""
+    recorded, current = item.get("recorded"), item.get("current")
+    what = f"{item['kind']} {item['name']}"
+    if current is None:
+        return f"{what}: gone (was {_brief(recorded)})"
+    if recorded is None:
+        return f"{what}: appeared ({_brief(current)})"
+    if isinstance(recorded, Mapping) and isinstance(current, Mapping):
+        changed = [
+            f"{key} {_brief(recorded.get(key))} -> {_brief(current.get(key))}"
+            for key in sorted(set(recorded) | set(current))
+            if recorded.get(key) != current.get(key)
+        ]
+        return f"{what}: " + ", ".join(changed)
+    return f"{what}: {_brief(recorded)} -> {_brief(current)}"
+
+
+def _brief(value: Any) -> str:
+    """A state value short enough for a history line (hashes to 12 characters)."""
+    if isinstance(value, Mapping):
+        return ", ".join(f"{k} {_brief(v)}" for k, v in sorted(value.items()))
     text = str(value)
-    return text if len(text) <= 24 else text[:21] + "..."
+    return text[:12] if len(text) == 64 and text.isalnum() else text
 
 
 def _truthy(value: Any) -> bool:

@@ -165,6 +165,38 @@ def test_changed_variable_is_intentional_and_sigterm_ends_after_the_batch(fleet:
     assert result.stdout.startswith("cycle: 2 probed, 0 planned, 0 applied"), result.stdout
 
 
+def test_a_driver_version_change_is_planned_as_disruptive_and_rolled_out(fleet: Fleet):
+    """Pinning the node back to Debian's older 535 build: the plan calls it disruptive,
+    the cycle takes the node through the rollout phases and replaces the driver."""
+    cpu_before = fleet.history("e2e-cpu")
+    with (fleet.inventory / "host_vars" / "e2e-t4.yml").open("a") as host_vars:
+        host_vars.write('driver_version: "535.261.03"\n')
+    plan = fleet.runner("plan")
+    assert plan.returncode == 5, plan.stdout + plan.stderr
+    line = next(x for x in plan.stdout.splitlines() if x.startswith("  e2e-t4:"))
+    assert "would change driver" in line and "disruptive: rolled out in batches" in line, line
+    assert "replace driver 535.309.01 (proprietary) with 535.261.03" in plan.stdout
+    assert _loaded(fleet) == "535.309.01", "the plan changed nothing"
+
+    result = fleet.reconcile("--once", "--max-parallel", "1")
+    assert result.returncode == 1, result.stdout + result.stderr  # e2e-gone still fails
+    assert "rolling out to e2e-t4" in result.stderr
+    assert "e2e-t4: rolled-out; because desired state changed; changed as desired" in result.stdout
+    assert _loaded(fleet) == "535.261.03"
+    phases = [e["component"] for e in fleet.history("e2e-t4") if e["kind"] == "rollout"]
+    assert phases[-4:] == ["queued", "cordoned", "applied", "done"]
+    status = fleet.status()["e2e-t4"]
+    assert (status["status"], status["rollout_phase"]) == ("converged", None)
+    assert fleet.history("e2e-cpu") == cpu_before, "the other node was not touched"
+
+
+def _loaded(fleet: Fleet) -> str:
+    query = fleet.on_node(
+        "e2e-t4", "nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"
+    )
+    return query.stdout.strip()
+
+
 def test_second_reconciler_is_refused_while_one_runs(fleet: Fleet):
     first = fleet.spawn(
         "reconcile", "--backoff-base", "3000", "--interval", "600", "--metrics-port", "0"

@@ -108,6 +108,21 @@ def test_missing_inventory_is_refused(capsys, state, monkeypatch):
     assert not state.exists()
 
 
+def test_the_checkout_is_found_or_named_in_words(capsys, state, tmp_path, monkeypatch):
+    # Pull mode installs the package (not editable) and runs from the checkout.
+    assert cli.find_project() == cli.CHECKOUT
+    monkeypatch.setattr(cli, "CHECKOUT", tmp_path / "site-packages")
+    monkeypatch.chdir(PROJECT)
+    assert cli.find_project() == PROJECT
+    monkeypatch.setenv("GPUFLEET_PROJECT", str(tmp_path))
+    code, _, err = run(
+        capsys, "reconcile", "--once", "-i", EMPTY_INVENTORY, "--state-dir", str(state)
+    )
+    assert code == cli.Exit.USAGE
+    assert f"no gpufleet checkout (site.yml and playbooks/) at $GPUFLEET_PROJECT={tmp_path}" in err
+    assert not state.exists()
+
+
 def test_unparsable_inventory_is_an_error_in_words(capsys, state, tmp_path):
     inventory = tmp_path / "hosts.yml"
     inventory.write_text("all:\n  hosts: [unclosed\n")
@@ -192,6 +207,15 @@ def _seed(state: Path) -> None:
             ),
             [HistoryEntry(1.0, "gpu-c", "drift", "runtime_config", "file /etc/x: a -> b")],
         )
+        store.save(
+            HostRecord(
+                "gpu-d",
+                status="reboot-required",
+                failed_stage="driver",
+                reason="nouveau holds the GPUs; reboot the node",
+                consecutive_failures=1,
+            )
+        )
 
 
 def test_status_shows_each_host_state_in_words(capsys, state):
@@ -203,6 +227,7 @@ def test_status_shows_each_host_state_in_words(capsys, state):
     assert "driver=ready toolkit=pre-installed" in lines["gpu-a"]
     assert "quarantined (toolkit: nvidia-ctk missing)" in lines["gpu-b"]
     assert "drifted (runtime_config)" in lines["gpu-c"]
+    assert "reboot-required (driver: nouveau holds the GPUs; reboot the node)" in lines["gpu-d"]
     code, out, _ = run(capsys, "status", "--json", "-i", EMPTY_INVENTORY, "--state-dir", str(state))
     hosts = {h["name"]: h for h in json.loads(out)}
     assert hosts["gpu-b"]["quarantined"] is True

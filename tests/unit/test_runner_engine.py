@@ -1,11 +1,12 @@
-"""The runner judges stage outcomes as the collection's gating does."""
+"""The runner judges stage outcomes as the collection's gating does, and turns
+ansible-runner events into what a plan shows."""
 
 from __future__ import annotations
 
 import pytest
 
 from ansible_collections.gpufleet.nvidia.plugins.filter import summary
-from runner.engine import STAGES, HostRun, stage_passed
+from runner.engine import STAGES, EventCollector, HostRun, stage_passed
 
 OUTCOMES = [
     {"status": "ready"},
@@ -34,3 +35,36 @@ def test_an_answering_unmanaged_driver_is_no_failure():
     stages["driver"] = {"status": "unmanaged", "validated": False, "reason": "no driver"}
     assert HostRun("a", stages=stages).failed_stage == ("driver", "no driver")
     assert HostRun("a", stages={"driver": {"status": "not-a-gpu-node"}}).succeeded
+
+
+def _ok(task: str, action: str, res: dict) -> dict:
+    data = {"host": "a", "role": "driver", "task": task, "task_action": action, "res": res}
+    return {"event": "runner_on_ok", "event_data": data}
+
+
+def test_a_plan_shows_the_file_on_the_node_and_a_prediction_in_words():
+    collector = EventCollector()
+    pin = {
+        "changed": True,
+        "diff": [
+            {
+                "before_header": "/etc/apt/preferences.d/gpufleet-nvidia-driver.pref",
+                "after_header": "/root/.ansible/tmp/ansible-local-1/tmpx/apt-pin.pref.j2",
+                "before": "Pin: version 535.309.01-*\n",
+                "after": "Pin: version 535.261.03-*\n",
+            }
+        ],
+    }
+    said = {"changed": True, "msg": "would replace driver 535.309.01 with 535.261.03"}
+    quiet = {"changed": True, "msg": "All items completed"}
+    collector(_ok("Pin the driver", "ansible.builtin.template", pin))
+    collector(_ok("Predict the replacement", "ansible.builtin.debug", said))
+    collector(_ok("Install", "ansible.builtin.apt", quiet))
+    diff, prediction, install = collector.hosts["a"].changes
+    assert diff.diff.splitlines()[:2] == [
+        "--- /etc/apt/preferences.d/gpufleet-nvidia-driver.pref (now)",
+        "+++ /etc/apt/preferences.d/gpufleet-nvidia-driver.pref (planned)",
+    ]
+    assert "+Pin: version 535.261.03-*" in diff.diff
+    assert prediction.diff == "would replace driver 535.309.01 with 535.261.03"
+    assert install.diff == "", "a module's message is not a diff"

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from runner.engine import STAGES, Change, HostRun, ProbeResult, RunResult
-from runner.reconcile import Reconciler, Settings, Stop, backoff_delay, release
+from runner.reconcile import Reconciler, Settings, Stop, _drift_summary, backoff_delay, release
 from runner.state import StateStore
 
 READY = {stage: {"status": "ready"} for stage in STAGES}
@@ -33,6 +33,8 @@ class Node:
     recorded: bool = False
     reachable: bool = True
     broken_stage: str | None = None
+    # The driver waits for a reboot (nouveau holds the GPUs, driver_reboot_policy never).
+    needs_reboot: bool = False
 
 
 class FakeClock:
@@ -83,6 +85,10 @@ class FakeEngine:
             stages["driver"]["disruptive"] = True
         if node.broken_stage:
             stages[node.broken_stage].update(status="failed", reason="it broke")
+        if node.needs_reboot:
+            stages["driver"].update(status="reboot-required", reason="reboot the node")
+            for later in STAGES[1:]:
+                stages[later] = {"status": "not-reached"}
         changes = [Change(c, f"change {c}", f"-old\n+new {c}") for c in sorted(node.pending)]
         return HostRun(host, changes=changes, stages=stages)
 
@@ -92,7 +98,7 @@ class FakeEngine:
         if not check:
             for h in hosts:
                 node = self.nodes[h]
-                if node.reachable and not node.broken_stage:
+                if node.reachable and not node.broken_stage and not node.needs_reboot:
                     node.pending.clear()
                     node.drift.clear()
                     node.recorded = True
@@ -114,10 +120,41 @@ def drift(component: str = "runtime_config") -> list[dict[str, Any]]:
             "component": component,
             "kind": "file",
             "name": "/etc/containerd/config.toml",
-            "recorded": "sha256:aaa",
-            "current": "sha256:bbb",
+            "recorded": {"sha256": "a" * 64, "mode": "0644", "owner": "root", "group": "root"},
+            "current": {"sha256": "b" * 64, "mode": "0644", "owner": "root", "group": "root"},
         }
     ]
+
+
+@pytest.mark.parametrize(
+    ("item", "summary"),
+    [
+        (
+            {
+                "kind": "service",
+                "name": "dcgm-exporter.service",
+                "recorded": {"active_state": "active", "unit_file_state": "enabled"},
+                "current": {"active_state": "inactive", "unit_file_state": "enabled"},
+            },
+            "service dcgm-exporter.service: active_state active -> inactive",
+        ),
+        (
+            {
+                "kind": "package",
+                "name": "nvidia-container-toolkit",
+                "recorded": {"version": "1.17.8-1", "held": True},
+                "current": None,
+            },
+            "package nvidia-container-toolkit: gone (was held True, version 1.17.8-1)",
+        ),
+        (
+            {"kind": "driver", "name": "nvidia", "recorded": "535.261.03", "current": "550.127.05"},
+            "driver nvidia: 535.261.03 -> 550.127.05",
+        ),
+    ],
+)
+def test_a_drift_summary_names_what_changed(item: dict[str, Any], summary: str) -> None:
+    assert _drift_summary(item) == summary
 
 
 @pytest.fixture
@@ -182,10 +219,15 @@ def test_steady_state_only_probes(store: StateStore) -> None:
 def test_drift_is_planned_repaired_on_that_host_only_and_called_corrective(
     store: StateStore,
 ) -> None:
-    reconciler, engine, _ = converged(store, "a", "b", "c")
+    reconciler, engine, clock = converged(store, "a", "b", "c")
     engine.nodes["b"].drift = drift()
     engine.nodes["b"].pending = {"runtime_config": False}
+    probed_at = clock.now
+    engine.on_apply = lambda hosts: clock.sleep(120)
     report = reconciler.cycle()
+    # "Reconciled" is when the host's repair ended; a host only probed, at the probe.
+    assert store.host("b").last_reconcile == probed_at + 120
+    assert store.host("a").last_reconcile == probed_at
     assert engine.acted_on("plan") == ["b"]
     assert engine.acted_on("apply") == ["b"]
     assert report.outcomes["b"].corrective == ["runtime_config"]
@@ -194,6 +236,8 @@ def test_drift_is_planned_repaired_on_that_host_only_and_called_corrective(
         ("drift", "runtime_config"),
         ("corrective", "runtime_config"),
     ]
+    seen = store.history("b", kinds=["drift"])[-1].summary
+    assert seen == "file /etc/containerd/config.toml: sha256 aaaaaaaaaaaa -> bbbbbbbbbbbb"
     engine.calls.clear()
     reconciler.cycle()
     assert engine.calls == [("probe", ("a", "b", "c"))]
@@ -327,7 +371,7 @@ def test_quarantine_after_n_failures_until_released(store: StateStore) -> None:
         clock.now = (store.host("a").next_attempt or clock.now) + 1
     record = store.host("a")
     assert record.quarantined
-    assert (record.failed_stage, record.reason) == ("toolkit", "toolkit: it broke")
+    assert (record.failed_stage, record.reason) == ("toolkit", "it broke")
     assert [e.kind for e in store.history("a", kinds=["quarantine"])] == ["quarantine"]
     engine.calls.clear()
     report = reconciler.cycle()
@@ -489,3 +533,27 @@ def test_metrics_follow_the_loop(store: StateStore) -> None:
         "gpufleet_reconcile_cycle_duration_seconds_count 1.0",
     ):
         assert line in text
+
+
+def test_a_node_waiting_for_a_reboot_backs_off_but_is_never_quarantined(
+    store: StateStore,
+) -> None:
+    nodes = fresh_fleet("a")
+    nodes["a"].needs_reboot = True
+    reconciler, engine, clock = make(store, nodes, quarantine_after=2)
+    waits = []
+    for _ in range(4):
+        reconciler.cycle()
+        record = store.host("a")
+        waits.append((record.next_attempt or clock.now) - clock.now)
+        clock.now = (record.next_attempt or clock.now) + 1
+    assert (record.status, record.failed_stage, record.reason) == (
+        "reboot-required",
+        "driver",
+        "reboot the node",
+    )
+    assert not record.quarantined
+    assert waits == sorted(waits) and waits[-1] > waits[0], "each retry waits longer"
+    engine.nodes["a"].needs_reboot = False  # the operator rebooted it
+    reconciler.cycle()
+    assert store.host("a").status == "converged"

@@ -42,7 +42,22 @@ def test_node_waits_for_a_reboot_then_loads_the_driver(host):
 
 def test_version_change_is_disruptive_and_done_in_place(host):
     """Move the (now loaded) driver to Debian's newer 535 build without a reboot."""
-    run = converge(["--limit", host.backend.get_hostname(), "-e", "driver_version=535.309.01"])
+    name = host.backend.get_hostname()
+    # Check mode first: it predicts the replacement (the reconciler's plan relies on
+    # it to roll the change out) and touches nothing.
+    plan = converge(["--limit", name, "--check", "-e", "driver_version=535.309.01"])
+    predicted = stage_of(plan, name)
+    assert (predicted["status"], predicted["disruptive"]) == ("ready", True)
+    said = [
+        task["hosts"][name]["msg"]
+        for play in plan["plays"]
+        for task in play["tasks"]
+        if task["task"]["name"] == "Predict the replacement of the loaded driver"
+        and task["hosts"].get(name, {}).get("changed")
+    ]
+    assert said and "replace driver 535.261.03 (proprietary) with 535.309.01" in said[0]
+    assert _loaded(host) == "535.261.03"
+    run = converge(["--limit", name, "-e", "driver_version=535.309.01"])
     stage_result = stage_of(run, host.backend.get_hostname())
     assert stage_result["disruptive"] is True
     assert stage_result["status"] == "ready"
