@@ -119,6 +119,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--log-format", choices=("text", "json"), default="text", help="log lines on stderr"
     )
     common.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    common.add_argument(
+        "--local",
+        action="store_true",
+        help="pull mode: this node only (reconciled over a local connection)",
+    )
+    common.add_argument(
+        "--node-name",
+        default=socket.gethostname(),
+        help="with --local: this node's inventory name (default %(default)s)",
+    )
     acting = argparse.ArgumentParser(add_help=False)
     acting.add_argument("-l", "--limit", help="Ansible host pattern: only these hosts")
     acting.add_argument(
@@ -132,16 +142,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--rebuild-state",
         action="store_true",
         help="move an unreadable state database aside and start a new one",
-    )
-    acting.add_argument(
-        "--local",
-        action="store_true",
-        help="pull mode: reconcile this node only, over a local connection",
-    )
-    acting.add_argument(
-        "--node-name",
-        default=socket.gethostname(),
-        help="with --local: this node's inventory name (default %(default)s)",
     )
     acting.add_argument(
         "--keep-runs",

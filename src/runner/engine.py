@@ -155,14 +155,17 @@ def _diff_text(res: Mapping[str, Any]) -> str:
     if isinstance(diffs, Mapping):
         diffs = [diffs]
     lines: list[str] = []
+    # The file on the node: a template's after_header names a temporary copy, and a
+    # new file has no before_header.
+    args = (res.get("invocation") or {}).get("module_args") or {}
+    target = args.get("dest") or args.get("path")
     for diff in diffs:
         if not isinstance(diff, Mapping):
             continue
         if "prepared" in diff:
             lines.append(str(diff["prepared"]).rstrip())
         elif "before" in diff or "after" in diff:
-            # The file on the node; a template's after_header is a temporary copy.
-            header = diff.get("before_header") or diff.get("after_header") or ""
+            header = target or diff.get("before_header") or diff.get("after_header") or ""
             before, after = diff.get("before", ""), diff.get("after", "")
             if isinstance(before, str) and isinstance(after, str):
                 lines.extend(

@@ -264,3 +264,18 @@ def test_history_and_release(capsys, state):
     code, _, err = run(capsys, "release", "gpu-z", "-i", EMPTY_INVENTORY, "--state-dir", str(state))
     assert code == cli.Exit.USAGE
     assert "unknown host(s) gpu-z" in err
+
+
+def test_status_and_history_of_a_node_in_pull_mode(capsys, state, monkeypatch):
+    monkeypatch.delenv("GPUFLEET_INVENTORY", raising=False)
+    with StateStore(state_dir_for(state, "local-n1")) as store:
+        store.save(
+            HostRecord("n1", status="converged"),
+            [HistoryEntry(1.0, "n1", "corrective", "exporter", "1 task(s) changed")],
+        )
+    local = ["--local", "--node-name", "n1", "--state-dir", str(state)]
+    code, out, _ = run(capsys, "status", *local)
+    assert code == cli.Exit.OK
+    assert out.splitlines()[1].split()[:2] == ["n1", "converged"]
+    code, out, _ = run(capsys, "history", *local)
+    assert out.strip().endswith("n1 corrective [exporter]: 1 task(s) changed")

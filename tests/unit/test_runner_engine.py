@@ -55,12 +55,19 @@ def test_a_plan_shows_the_file_on_the_node_and_a_prediction_in_words():
             }
         ],
     }
+    new_file = {
+        "changed": True,
+        "diff": [{"before": "", "after_header": "/tmp/x/pin.j2", "after": "Pin: version 1\n"}],
+        "invocation": {"module_args": {"dest": "/etc/apt/preferences.d/new.pref"}},
+    }
     said = {"changed": True, "msg": "would replace driver 535.309.01 with 535.261.03"}
     quiet = {"changed": True, "msg": "All items completed"}
     collector(_ok("Pin the driver", "ansible.builtin.template", pin))
+    collector(_ok("Pin anew", "ansible.builtin.template", new_file))
     collector(_ok("Predict the replacement", "ansible.builtin.debug", said))
     collector(_ok("Install", "ansible.builtin.apt", quiet))
-    diff, prediction, install = collector.hosts["a"].changes
+    diff, created, prediction, install = collector.hosts["a"].changes
+    assert created.diff.splitlines()[0] == "--- /etc/apt/preferences.d/new.pref (now)"
     assert diff.diff.splitlines()[:2] == [
         "--- /etc/apt/preferences.d/gpufleet-nvidia-driver.pref (now)",
         "+++ /etc/apt/preferences.d/gpufleet-nvidia-driver.pref (planned)",
