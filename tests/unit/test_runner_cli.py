@@ -15,6 +15,7 @@ import pytest
 
 from runner import __version__, cli
 from runner.lock import InventoryLock
+from runner.reconcile import CycleReport, HostOutcome
 from runner.state import HistoryEntry, HostRecord, StateStore, state_dir_for
 
 PROJECT = Path(__file__).resolve().parents[2]
@@ -279,3 +280,22 @@ def test_status_and_history_of_a_node_in_pull_mode(capsys, state, monkeypatch):
     assert out.splitlines()[1].split()[:2] == ["n1", "converged"]
     code, out, _ = run(capsys, "history", *local)
     assert out.strip().endswith("n1 corrective [exporter]: 1 task(s) changed")
+
+
+def test_a_plan_marks_a_disruptive_change_and_shows_its_diffs(capsys):
+    outcome = HostOutcome(
+        "gpu-a",
+        "planned",
+        reasons=["desired state changed"],
+        pending=["driver"],
+        disruptive=True,
+        diffs={"driver": ["Predict the replacement\nwould replace driver 535.309.01"]},
+    )
+    report = CycleReport(started=0.0, finished=80.0, outcomes={"gpu-a": outcome}, planned=1)
+    cli._print_report(report, {"gpu-a": HostRecord("gpu-a", status="drifted")}, diffs=True)
+    assert capsys.readouterr().out.splitlines()[1:] == [
+        "  gpu-a: planned; because desired state changed; would change driver; "
+        "disruptive: rolled out in batches; now drifted",
+        "    [driver] Predict the replacement",
+        "      would replace driver 535.309.01",
+    ]

@@ -52,7 +52,7 @@ def test_version_change_is_disruptive_and_done_in_place(host):
         task["hosts"][name]["msg"]
         for play in plan["plays"]
         for task in play["tasks"]
-        if task["task"]["name"] == "Predict the replacement of the loaded driver"
+        if task["task"]["name"].endswith("Predict the replacement of the loaded driver")
         and task["hosts"].get(name, {}).get("changed")
     ]
     assert said and "replace driver 535.261.03 (proprietary) with 535.309.01" in said[0]
