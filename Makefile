@@ -19,12 +19,12 @@ export ANSIBLE_FORCE_COLOR ?= 0
 export NO_COLOR ?= 1
 export PY_COLORS ?= 0
 
-.PHONY: help deps venv consumers image repo fleet fleet-down fleet-status demo test lint unit e2e molecule bench clean
+.PHONY: help deps venv consumers image repo fleet fleet-down fleet-status controlplane cluster cluster-down demo test lint unit e2e molecule molecule-cluster bench clean
 
 help:
 	@echo "make demo    start the simulated GPU fleet and run the main job on it"
 	@echo "make test    run lint, unit tests and molecule scenarios (what CI runs)"
-	@echo "make fleet | fleet-status | fleet-down | lint | unit | e2e | molecule | bench | clean"
+	@echo "make fleet | fleet-status | fleet-down | cluster | cluster-down | lint | unit | e2e | molecule | bench | clean"
 
 deps:
 	@bash tests/sim/host-deps.sh
@@ -51,6 +51,19 @@ fleet-status: venv
 
 fleet-down: venv
 	@$(FLEET) down
+
+# The test control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
+# kwok), built from pinned Go modules into ~/.cache/gpufleet (outside the clone) and
+# reused from there; `cluster` starts it on 127.0.0.1 with one Node per running
+# simulated node and prints the kubeconfig's path (.cache/cluster/kubeconfig).
+controlplane:
+	@bash tests/sim/controlplane/build.sh
+
+cluster: venv controlplane
+	@$(FLEET) cluster
+
+cluster-down: venv
+	@$(FLEET) cluster-down
 
 # The main job: the reconciler converges the fleet (one cycle), then says where every
 # node stands. `python -m runner reconcile -i inventories/sim` keeps it converged.
@@ -88,10 +101,25 @@ molecule: image repo
 	molecule syntax -s gpu-vm
 	@echo "molecule gpu-vm: converge/verify skipped: needs VMs with PCI-passthrough GPUs" \
 	  "(run: GPUFLEET_GPU_VM_INVENTORY=<file> molecule test -s gpu-vm)"
-	molecule syntax -s cluster
-	@if [ -n "$${KUBECONFIG:-}" ]; then molecule test -s cluster; else \
-	  echo "molecule cluster: converge/verify skipped: KUBECONFIG is not set (no Kubernetes" \
-	    "API server here; run: KUBECONFIG=<file> molecule test -s cluster)"; fi
+	$(MAKE) --no-print-directory molecule-cluster
+
+# Scenario cluster against the test control plane, with two simulated nodes (a T4 and a
+# CPU-only node) as the cluster's nodes. A site runs the same scenario with its own
+# KUBECONFIG, GPUFLEET_CLUSTER_INVENTORY and GPUFLEET_CLUSTER_GROUP_VARS.
+MOLECULE_CLUSTER := $(CURDIR)/.cache/molecule-cluster
+MOLECULE_CLUSTER_NODES := mol-k8s-t4=t4-1 mol-k8s-cpu=none
+molecule-cluster: image repo controlplane
+	@rm -rf $(MOLECULE_CLUSTER) && mkdir -p $(MOLECULE_CLUSTER)
+	@ln -s $(CURDIR)/inventories/sim/group_vars $(MOLECULE_CLUSTER)/group_vars
+	$(FLEET) up $(addprefix --node ,$(MOLECULE_CLUSTER_NODES)) \
+	  --write-inventory $(MOLECULE_CLUSTER)/hosts.yml
+	@started=$$([ -e .cache/cluster/pids/kube-apiserver.pid ] || echo yes); \
+	  trap '[ -z "'$$started'" ] || $(FLEET) cluster-down; \
+	    $(FLEET) down $(foreach n,$(MOLECULE_CLUSTER_NODES),$(firstword $(subst =, ,$(n))))' EXIT; \
+	  export KUBECONFIG=$$($(FLEET) cluster) \
+	    GPUFLEET_CLUSTER_INVENTORY=$(MOLECULE_CLUSTER)/hosts.yml \
+	    GPUFLEET_CLUSTER_GROUP_VARS=$(MOLECULE_CLUSTER)/group_vars; \
+	  molecule test -s cluster
 
 test: lint unit e2e molecule
 

@@ -32,7 +32,14 @@ from runner import __version__
 from runner.engine import STAGES, AnsibleEngine, EngineError
 from runner.lock import InventoryLock, LockHeld
 from runner.reconcile import CycleReport, Reconciler, Settings, Stop, release
-from runner.state import HostRecord, StateError, StateStore, ensure_private_dir, state_dir_for
+from runner.state import (
+    ClusterRecord,
+    HostRecord,
+    StateError,
+    StateStore,
+    ensure_private_dir,
+    state_dir_for,
+)
 
 
 class Exit(IntEnum):
@@ -393,8 +400,10 @@ def _exit_for(report: CycleReport, hosts: dict[str, HostRecord], settings: Setti
     # the exit code says whether the fleet is where it should be.
     if any(_unwell(r) for name, r in hosts.items() if name in report.outcomes):
         return Exit.FAILED
+    if report.cluster_failed:
+        return Exit.FAILED
     pending = [o for o in report.outcomes.values() if o.pending or "drift" in o.reasons]
-    if settings.check_only and pending:
+    if settings.check_only and (pending or report.cluster_pending):
         return Exit.PENDING
     return Exit.OK
 
@@ -427,6 +436,8 @@ def _print_report(report: CycleReport, hosts: dict[str, HostRecord], diffs: bool
             for component, texts in sorted(outcome.diffs.items()):
                 for text in texts:
                     print(f"    [{component}] " + text.replace("\n", "\n      "))
+    if report.cluster:
+        print(f"  cluster side: {report.cluster}")
 
 
 def _age(now: float, then: float | None) -> str:
@@ -466,6 +477,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         )
     with _open_store(directory) as store:
         hosts = store.hosts()
+        cluster = store.cluster()
     if args.json:
         print(json.dumps([asdict(r) for r in hosts.values()], indent=2))
         return Exit.OK
@@ -478,7 +490,19 @@ def cmd_status(args: argparse.Namespace) -> int:
             f"{name:<{width}}  {_host_line(record):<44} {_age(now, record.last_reconcile):<11} "
             f"{_age(now, record.last_change):<11} {stages}"
         )
-    return Exit.FAILED if any(_unwell(r) for r in hosts.values()) else Exit.OK
+    if cluster.status != "unknown":
+        print(f"cluster side: {_cluster_line(cluster)}, applied {_age(now, cluster.last_apply)}")
+    unwell = any(_unwell(r) for r in hosts.values()) or cluster.status == "failed"
+    return Exit.FAILED if unwell else Exit.OK
+
+
+def _cluster_line(cluster: ClusterRecord) -> str:
+    if cluster.status == "failed":
+        owed = f"; owes the labels of {', '.join(cluster.owed_hosts)}" if cluster.owed_hosts else ""
+        return f"failed ({cluster.reason}){owed}"
+    if cluster.status == "drifted":
+        return "drifted (" + ", ".join(f"{d['kind']} {d['name']}" for d in cluster.drift) + ")"
+    return cluster.status
 
 
 def cmd_history(args: argparse.Namespace) -> int:

@@ -28,6 +28,11 @@ PASSING = ("ready", "pre-installed", "disabled", "not-a-gpu-node")
 # host's desired state, so editing a role makes every host due for a plan.
 PROJECT_PARTS = ("site.yml", "playbooks", "roles", "collections", "ansible.cfg")
 PROBE_TASK = "Probe the node's managed state"
+# The cluster side runs on the control host: a run that includes it adds this host
+# to its limit (a --limit leaves the implicit localhost out otherwise), and the
+# cluster probe's result is the fact CLUSTER_PROBE_FACT there.
+CLUSTER_HOST = "localhost"
+CLUSTER_PROBE_FACT = "k8s_manifests_probe"
 # Plays whose failures say nothing about one host (the report fails the run once,
 # on whichever host comes first, for a stage that failed anywhere).
 _FLEET_PLAYS = ("Report the state of every node",)
@@ -108,6 +113,8 @@ class RunResult:
     hosts: dict[str, HostRun]
     status: str = "successful"
     canceled: bool = False
+    # The cluster side's part of the run (its changes and failures), when it ran.
+    cluster: HostRun | None = None
 
 
 ProgressCallback = Callable[[str, str], None]
@@ -120,9 +127,13 @@ class Engine(Protocol):
 
     def desired_hashes(self, hostvars: Mapping[str, Mapping[str, Any]]) -> dict[str, str]: ...
 
-    def probe(self, hosts: Sequence[str]) -> dict[str, ProbeResult]: ...
+    def probe(self, hosts: Sequence[str], cluster: bool = False) -> dict[str, ProbeResult]:
+        """Each host's probe; with `cluster`, the cluster side's too, as CLUSTER_HOST."""
+        ...
 
-    def converge(self, hosts: Sequence[str], check: bool) -> RunResult: ...
+    def converge(self, hosts: Sequence[str], check: bool, cluster: bool = False) -> RunResult:
+        """Run site.yml on `hosts`; with `cluster`, its cluster side too (once)."""
+        ...
 
     def node_action(self, action: str, hosts: Sequence[str]) -> RunResult: ...
 
@@ -223,6 +234,10 @@ class EventCollector:
             return True
         if task == PROBE_TASK:
             self.probes[host] = _probe_result(host, res)
+            return True
+        cluster_probe = (res.get("ansible_facts") or {}).get(CLUSTER_PROBE_FACT)
+        if host == CLUSTER_HOST and isinstance(cluster_probe, Mapping):
+            self.probes[host] = _probe_result(host, cluster_probe)
             return True
         for stage in STAGES:
             outcome = (res.get("ansible_facts") or {}).get(f"{stage}_stage")
@@ -355,19 +370,24 @@ class AnsibleEngine:
         output = runner.stdout.read() if runner.stdout else ""
         raise EngineError(f"ansible-playbook {playbook} did not run ({runner.status}): {output}")
 
-    def probe(self, hosts: Sequence[str]) -> dict[str, ProbeResult]:
-        collector = self._run("playbooks/probe.yml", hosts)
+    def probe(self, hosts: Sequence[str], cluster: bool = False) -> dict[str, ProbeResult]:
+        collector = self._run("playbooks/probe.yml", _with_cluster(hosts, cluster))
         results = dict(collector.probes)
-        for host in hosts:
-            results.setdefault(
-                host, ProbeResult(host, reachable=False, reason="the probe did not report")
-            )
+        for host in _with_cluster(hosts, cluster):
+            failures = collector.hosts[host].failures if host in collector.hosts else []
+            reason = "; ".join(failures) or "the probe did not report"
+            results.setdefault(host, ProbeResult(host, reachable=False, reason=reason))
         return results
 
-    def converge(self, hosts: Sequence[str], check: bool) -> RunResult:
+    def converge(self, hosts: Sequence[str], check: bool, cluster: bool = False) -> RunResult:
         cmdline = ["--diff"] + (["--check"] if check else [])
-        collector = self._run("site.yml", hosts, cmdline)
-        return _result(collector, hosts)
+        collector = self._run("site.yml", _with_cluster(hosts, cluster), cmdline)
+        result = _result(collector, hosts)
+        if cluster:
+            result.cluster = collector.hosts.get(CLUSTER_HOST) or HostRun(
+                CLUSTER_HOST, reachable=False, failures=["the cluster side did not run"]
+            )
+        return result
 
     def node_action(self, action: str, hosts: Sequence[str]) -> RunResult:
         collector = self._run(
@@ -376,6 +396,10 @@ class AnsibleEngine:
             extravars={"gpufleet_rollout_action": action},
         )
         return _result(collector, hosts)
+
+
+def _with_cluster(hosts: Sequence[str], cluster: bool) -> list[str]:
+    return [*hosts, CLUSTER_HOST] if cluster else list(hosts)
 
 
 def _result(collector: EventCollector, hosts: Sequence[str]) -> RunResult:

@@ -29,16 +29,19 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from runner.engine import STAGES, Engine, HostRun, ProbeResult
-from runner.state import HistoryEntry, HostRecord, StateStore
+from runner.engine import CLUSTER_HOST, STAGES, Engine, HostRun, ProbeResult
+from runner.state import CLUSTER_SUBJECT, ClusterRecord, HistoryEntry, HostRecord, StateStore
 
 log = logging.getLogger("runner")
 
 # A host variable that keeps a host out of disruptive rollouts (it is still probed,
 # planned and repaired when a change is not disruptive).
 EXCLUDE_VARIABLE = "gpufleet_rollout_exclude"
-# Whether a host is a Kubernetes node to cordon and drain around disruptive changes.
+# Whether a host is a Kubernetes node to cordon and drain around disruptive changes;
+# set for any host (group_vars/all, usually), the cluster side is applied and probed.
 CLUSTER_VARIABLE = "k8s_manifests_apply"
+# The component name of the cluster side in drift, history and outcomes.
+CLUSTER_COMPONENT = "cluster"
 # Rollout phases a host passes through; the ones in UNAVAILABLE are out of service.
 UNAVAILABLE = ("cordoned", "drained", "applied", "halted")
 # Components whose drift is repaired only after a plan: putting them back can reload
@@ -102,6 +105,11 @@ class CycleReport:
     planned: int = 0
     applied: int = 0
     interrupted: bool = False
+    # The cluster side this cycle, in words ("" when the inventory has none).
+    cluster: str = ""
+    # The cluster side has drift or owed work this cycle did not apply (check mode).
+    cluster_pending: bool = False
+    cluster_failed: bool = False
 
     def hosts_with(self, action: str) -> list[str]:
         return sorted(h for h, o in self.outcomes.items() if o.action == action)
@@ -115,6 +123,10 @@ class _Cycle:
     hostvars: Mapping[str, Mapping[str, Any]]
     desired: Mapping[str, str]
     report: CycleReport
+    # The inventory applies the cluster side: every apply includes it.
+    cluster: bool = False
+    # Hosts whose Node labels drifted this cycle (their repair is corrective).
+    cluster_drifted: frozenset[str] = frozenset()
 
 
 Hook = Callable[[str, Any], None]
@@ -187,6 +199,7 @@ class Reconciler:
                 log.info("%s: no longer in the inventory; forgotten", gone)
         desired = self.engine.desired_hashes(hostvars)
         records = {host: self.store.host(host) for host in hostvars}
+        cluster_on = any(_truthy(v.get(CLUSTER_VARIABLE)) for v in hostvars.values())
         now = self.clock()
 
         due = []
@@ -206,7 +219,7 @@ class Reconciler:
             return
 
         log.info("probing %d host(s)", len(due))
-        probes = self.engine.probe(due)
+        probes = self.engine.probe(due, cluster=cluster_on)
         report.probed = len(due)
         self.hook("phase", ("probe", len(due)))
         candidates: dict[str, list[str]] = {}
@@ -229,7 +242,25 @@ class Reconciler:
                 self.store.save(record)
                 report.outcomes[host] = HostOutcome(host, "probed")
             self.hook("host", record)
-        if not candidates or self.stop.requested:
+        owed: dict[str, list[str]] = {}
+        cluster_objects = False
+        if cluster_on:
+            reachable = [h for h in due if probes[h].reachable]
+            owed, cluster_objects = self._cluster_due(probes.get(CLUSTER_HOST), reachable, report)
+        cycle = _Cycle(
+            records,
+            hostvars,
+            desired,
+            report,
+            cluster=cluster_on,
+            cluster_drifted=frozenset(h for h, r in owed.items() if "cluster drift" in r),
+        )
+        if self.settings.check_only and (owed or cluster_objects):
+            report.cluster_pending = True
+            report.cluster += "; would apply the cluster side" + (
+                f" (labels of {', '.join(sorted(owed))})" if owed else ""
+            )
+        if (not candidates and not owed and not cluster_objects) or self.stop.requested:
             for host in candidates:
                 self.store.save(records[host])
             return
@@ -277,15 +308,35 @@ class Reconciler:
                 to_apply.append(host)
             self.store.save(record)
 
-        if to_apply and not self.stop.requested:
+        if not self.settings.check_only:
+            # Hosts whose Node labels the cluster side owes, and that nothing else
+            # brings into this cycle's apply: applying them changes nothing on the
+            # node (the probe found it as recorded) and relabels their Nodes.
+            for host, reasons in sorted(owed.items()):
+                known = report.outcomes.get(host)
+                if host in to_apply or host in to_roll:
+                    continue
+                if known is not None and known.action in ("failed", "skipped", "waiting"):
+                    continue
+                if known is not None and known.action == "planned":
+                    known.reasons.extend(r for r in reasons if r not in known.reasons)
+                else:
+                    report.outcomes[host] = HostOutcome(host, "planned", reasons=reasons)
+                to_apply.append(host)
+        apply_cluster = (
+            cluster_on and not self.settings.check_only and (bool(to_apply) or cluster_objects)
+        )
+        if (to_apply or apply_cluster) and not self.stop.requested:
             log.info("applying to %d host(s): %s", len(to_apply), ", ".join(to_apply))
-            result = self.engine.converge(to_apply, check=False)
+            result = self.engine.converge(to_apply, check=False, cluster=cluster_on)
             report.applied += len(to_apply)
             self.hook("phase", ("apply", len(to_apply)))
             for host in to_apply:
                 self._applied(records[host], result.hosts[host], desired[host], report)
+            if cluster_on:
+                self._cluster_applied(result.cluster, to_apply, cycle)
         if to_roll:
-            self._rollout(to_roll, _Cycle(records, hostvars, desired, report))
+            self._rollout(to_roll, cycle)
 
     # -- decisions ---------------------------------------------------------------
 
@@ -353,6 +404,100 @@ class Reconciler:
             )
             self.hook("drift", item)
         self.store.record(events)
+
+    # -- the cluster side --------------------------------------------------------
+
+    def _cluster_due(
+        self, probe: ProbeResult | None, reachable: Sequence[str], report: CycleReport
+    ) -> tuple[dict[str, list[str]], bool]:
+        """What the cluster side needs this cycle: the hosts whose Node labels are to
+        be applied (with why) and whether its objects are. From the cluster probe
+        and what an earlier failed apply still owes."""
+        state = self.store.cluster()
+        owed = {h: ["cluster side owed"] for h in state.owed_hosts if h in reachable}
+        objects = state.owed_objects
+        if probe is None or not probe.reachable:
+            reason = probe.reason if probe else "no result"
+            state.status, state.reason = "failed", f"probe failed: {reason}"
+            report.cluster, report.cluster_failed = state.reason, True
+            self.store.save_cluster(state)
+            return {}, False
+        if not probe.recorded:
+            objects = True
+            for host in reachable:
+                owed.setdefault(host, []).append("cluster side not recorded")
+        events = []
+        for item in probe.drift:
+            summary = _drift_summary(item)
+            labelled = str(item.get("host"))
+            if item.get("kind") == "node-labels" and labelled in reachable:
+                owed.setdefault(labelled, []).append("cluster drift")
+                events.append(
+                    HistoryEntry(self.clock(), labelled, "drift", CLUSTER_COMPONENT, summary)
+                )
+            else:
+                objects = True
+                events.append(
+                    HistoryEntry(self.clock(), CLUSTER_SUBJECT, "drift", CLUSTER_COMPONENT, summary)
+                )
+            self.hook("drift", item)
+        state.drift = list(probe.drift)
+        if probe.drift:
+            state.status = "drifted"
+        elif probe.recorded and not owed and not objects:
+            state.status, state.reason = "converged", ""
+        report.cluster = (
+            state.status
+            if not probe.drift
+            else ("drifted: " + "; ".join(_drift_summary(d) for d in probe.drift))
+        )
+        self.store.save_cluster(state, events)
+        return owed, objects
+
+    def _cluster_applied(self, run: HostRun | None, hosts: Sequence[str], cycle: _Cycle) -> None:
+        """Record the cluster side's part of an apply that included it."""
+        state = self.store.cluster()
+        report = cycle.report
+        if run is None or not run.succeeded:
+            reason = "; ".join(run.failures) if run else "the cluster side did not run"
+            state.status, state.reason = "failed", reason
+            state.owed_hosts = sorted(set(state.owed_hosts) | set(hosts))
+            state.owed_objects = True
+            report.cluster, report.cluster_failed = (
+                f"failed: {reason}; owed to the next cycle",
+                True,
+            )
+            event = HistoryEntry(
+                self.clock(), CLUSTER_SUBJECT, "failure", CLUSTER_COMPONENT, reason
+            )
+            self.store.save_cluster(state, [event])
+            return
+        repaired = bool(state.drift or state.owed_hosts or state.owed_objects)
+        events = []
+        tasks = sorted({c.task for c in run.changes})
+        if tasks:
+            kind = "corrective" if repaired else "intentional"
+            summary = f"{len(tasks)} task(s) changed: " + "; ".join(tasks)
+            events.append(
+                HistoryEntry(self.clock(), CLUSTER_SUBJECT, kind, CLUSTER_COMPONENT, summary)
+            )
+            for host in sorted(cycle.cluster_drifted & set(hosts)):
+                events.append(
+                    HistoryEntry(self.clock(), host, "corrective", CLUSTER_COMPONENT, "Node labels")
+                )
+                outcome = report.outcomes.get(host)
+                if outcome is not None and CLUSTER_COMPONENT not in outcome.corrective:
+                    outcome.corrective.append(CLUSTER_COMPONENT)
+        owed_before = set(state.owed_hosts)
+        state = ClusterRecord(
+            status="converged",
+            owed_hosts=sorted(owed_before - set(hosts)),
+            last_apply=self.clock(),
+        )
+        report.cluster = ("repaired" if repaired and tasks else "applied") + (
+            f" ({len(tasks)} task(s) changed)" if tasks else ", no change"
+        )
+        self.store.save_cluster(state, events)
 
     # -- applying ----------------------------------------------------------------
 
@@ -497,9 +642,11 @@ class Reconciler:
             if records[host].rollout_phase == "queued":
                 # Not a Kubernetes node: nothing to cordon, but out of service now.
                 self._phase(records[host], "cordoned", "out of service for the change")
-        result = self.engine.converge(list(batch), check=False)
+        result = self.engine.converge(list(batch), check=False, cluster=cycle.cluster)
         report.applied += len(batch)
         self.hook("phase", ("apply", len(batch)))
+        if cycle.cluster:
+            self._cluster_applied(result.cluster, batch, cycle)
         ok = True
         for host in batch:
             record = records[host]

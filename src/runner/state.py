@@ -2,8 +2,9 @@
 
 What it keeps, per host: the desired state (a hash) the last successful apply
 reached, the last probe's drift, each stage's status, failures, backoff and
-quarantine, and the host's phase in a disruptive rollout. Plus a bounded history
-of what happened (drift repaired, intentional changes, failures). Every write is a
+quarantine, and the host's phase in a disruptive rollout. For the cluster side (when
+the inventory applies it): its status and what a failed apply still owes. Plus a
+bounded history of what happened (drift repaired, intentional changes, failures). Every write is a
 transaction: a reconciler stopped mid-cycle leaves the database as the last
 completed step left it.
 
@@ -24,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 DATABASE_NAME = "state.db"
 DEFAULT_HISTORY_LIMIT = 5000
 
@@ -56,6 +57,19 @@ CREATE TABLE history (
 );
 CREATE INDEX history_host ON history (host, id);
 """
+# Schema 2: the cluster side's record (one row).
+_SCHEMA_2 = """
+CREATE TABLE cluster (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    status TEXT NOT NULL DEFAULT 'unknown',
+    reason TEXT NOT NULL DEFAULT '',
+    drift TEXT NOT NULL DEFAULT '[]',
+    owed_hosts TEXT NOT NULL DEFAULT '[]',
+    owed_objects INTEGER NOT NULL DEFAULT 0,
+    last_apply REAL
+);
+"""
+_MIGRATIONS = {1: _SCHEMA_2}
 
 
 class StateError(Exception):
@@ -88,6 +102,26 @@ class HostRecord:
     # Disruptive rollout: None, or queued | cordoned | drained | applied | done | halted.
     rollout_phase: str | None = None
     rollout_reason: str = ""
+
+
+@dataclass
+class ClusterRecord:
+    """What the runner knows about the cluster side."""
+
+    # unknown (never applied) | converged | drifted | failed
+    status: str = "unknown"
+    reason: str = ""
+    # The last cluster probe's differences: [{component, kind, name, host, ...}].
+    drift: list[dict[str, Any]] = field(default_factory=list)
+    # What a failed cluster apply still owes: the hosts whose Node labels it did not
+    # apply, and whether the cluster objects themselves are to be applied again.
+    owed_hosts: list[str] = field(default_factory=list)
+    owed_objects: bool = False
+    last_apply: float | None = None
+
+
+# The name the cluster side's history entries carry in place of a host.
+CLUSTER_SUBJECT = "(cluster)"
 
 
 @dataclass(frozen=True)
@@ -165,8 +199,14 @@ class StateStore:
                 raise StateError(f"{self.path} is an SQLite database but not the runner's")
             with _transaction(db):
                 # One statement at a time: executescript() would commit on its own.
-                for statement in filter(str.strip, _SCHEMA.split(";")):
+                for statement in filter(str.strip, (_SCHEMA + _SCHEMA_2).split(";")):
                     db.execute(statement)
+                db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        elif version < SCHEMA_VERSION:
+            with _transaction(db):
+                for step in range(version, SCHEMA_VERSION):
+                    for statement in filter(str.strip, _MIGRATIONS[step].split(";")):
+                        db.execute(statement)
                 db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         elif version > SCHEMA_VERSION:
             db.close()
@@ -231,6 +271,32 @@ class StateStore:
             for name in gone:
                 self.db.execute("DELETE FROM hosts WHERE name = ?", (name,))
         return gone
+
+    # -- the cluster side --------------------------------------------------------
+
+    def cluster(self) -> ClusterRecord:
+        row = self.db.execute("SELECT * FROM cluster WHERE id = 1").fetchone()
+        if row is None:
+            return ClusterRecord()
+        values = dict(row)
+        values.pop("id")
+        for key in ("drift", "owed_hosts"):
+            values[key] = json.loads(values[key])
+        values["owed_objects"] = bool(values["owed_objects"])
+        return ClusterRecord(**values)
+
+    def save_cluster(self, record: ClusterRecord, events: Sequence[HistoryEntry] = ()) -> None:
+        values = asdict(record)
+        for key in ("drift", "owed_hosts"):
+            values[key] = json.dumps(values[key], sort_keys=True)
+        values["owed_objects"] = int(values["owed_objects"])
+        columns = ", ".join(values)
+        marks = ", ".join(f":{key}" for key in values)
+        with _transaction(self.db):
+            self.db.execute(
+                f"INSERT OR REPLACE INTO cluster (id, {columns}) VALUES (1, {marks})", values
+            )
+            self._append(events)
 
     # -- history -----------------------------------------------------------------
 

@@ -11,6 +11,8 @@ repository (`repo`) mounted read-only at /srv/gpufleet-repo.
     python tests/sim/fleet.py up --count 20 --profile t4-1 --write-inventory out/hosts.yml
     python tests/sim/fleet.py list | status | reboot NODE | down [NODE ...]
     python tests/sim/fleet.py drift NODE stop-service nvidia-persistenced
+    python tests/sim/fleet.py cluster          # a control plane with one Node per running node
+    python tests/sim/fleet.py cluster-down     # stop it (see tests/sim/cluster.py)
 
 Podman reads its settings from tests/sim/containers.conf through CONTAINERS_CONF;
 the host's /etc/containers is never touched.
@@ -32,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+
+import cluster
 
 SIM_DIR = Path(__file__).resolve().parent
 PROJECT = SIM_DIR.parent.parent
@@ -320,6 +324,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     drift = sub.add_parser("drift", help="inject drift on a node (see `gpusim drift -h`)")
     drift.add_argument("name")
     drift.add_argument("drift_args", nargs=argparse.REMAINDER)
+    sub.add_parser(
+        "cluster",
+        help="start (or keep) the test control plane, register one Node per running "
+        "simulated node; print the kubeconfig's path",
+    )
+    sub.add_parser("cluster-down", help="stop the test control plane and forget it")
     args = parser.parse_args(argv)
 
     try:
@@ -352,6 +362,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(json.dumps(node_status(node["name"]), sort_keys=True))
         elif args.command == "reboot":
             reboot(args.name)
+        elif args.command == "cluster":
+            print(cluster.up(n["name"] for n in running_nodes() if n["state"] == "running"))
+        elif args.command == "cluster-down":
+            for name in cluster.down():
+                print(f"{name}: stopped")
         elif args.command == "drift":
             result = podman(
                 "exec", args.name, "/opt/gpusim/bin/gpusim", "drift", *args.drift_args, check=False
@@ -359,7 +374,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.stdout.write(result.stdout)
             sys.stderr.write(result.stderr)
             return result.returncode
-    except FleetError as exc:
+    except (FleetError, cluster.ClusterError) as exc:
         print(f"fleet: {exc}", file=sys.stderr)
         return 1
     return 0

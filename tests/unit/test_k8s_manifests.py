@@ -64,13 +64,17 @@ def host(name: str, profile: str, sharing="none", replicas=1, mig="none", **stag
 
 def settings(**changes) -> dict:
     """The role's settings at their defaults (vars/main.yml over defaults/main.yml)."""
-    defaults = yaml.safe_load((PROJECT / "roles/k8s_manifests/defaults/main.yml").read_text())
-    registry = defaults["k8s_manifests_registry"]
+    raw = yaml.safe_load((PROJECT / "roles/k8s_manifests/defaults/main.yml").read_text())
+    # Defaults that name another default ("{{ k8s_manifests_registry }}/...") resolved
+    # as Ansible would.
+    defaults = {
+        name: re.sub(r"\{\{ (k8s_manifests_\w+) \}\}", lambda m: str(raw[m[1]]), value)
+        if isinstance(value, str)
+        else value
+        for name, value in raw.items()
+    }
     image = {
-        key: defaults[f"k8s_manifests_{key}_image"].replace(
-            "{{ k8s_manifests_registry }}", registry
-        )
-        for key in ("device_plugin", "dcgm_exporter")
+        key: defaults[f"k8s_manifests_{key}_image"] for key in ("device_plugin", "dcgm_exporter")
     }
     result = {
         "namespace": defaults["k8s_manifests_namespace"],

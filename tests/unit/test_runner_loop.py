@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from runner.engine import STAGES, Change, HostRun, ProbeResult, RunResult
+from runner.engine import CLUSTER_HOST, STAGES, Change, HostRun, ProbeResult, RunResult
 from runner.reconcile import Reconciler, Settings, Stop, _drift_summary, backoff_delay, release
 from runner.state import StateStore
 
@@ -35,6 +35,31 @@ class Node:
     broken_stage: str | None = None
     # The driver waits for a reboot (nouveau holds the GPUs, driver_reboot_policy never).
     needs_reboot: bool = False
+
+
+@dataclass
+class FakeCluster:
+    """The cluster side as the loop sees it: a record of the last apply, drift the
+    probe reports until an apply that includes the cluster side repairs it, and an
+    API server that may be gone."""
+
+    recorded: bool = True
+    drift: list[dict[str, Any]] = field(default_factory=list)
+    api_up: bool = True
+
+
+REFUSED = "Failed to get client due to HTTPSConnectionPool: connection refused"
+
+
+def label_drift(host: str) -> dict[str, Any]:
+    return {
+        "component": "cluster",
+        "kind": "node-labels",
+        "name": host,
+        "host": host,
+        "recorded": {"nvidia.com/gpu.present": "true"},
+        "current": {"nvidia.com/gpu.present": None},
+    }
 
 
 class FakeClock:
@@ -56,6 +81,9 @@ class FakeEngine:
         self.project = project
         self.calls: list[tuple[str, tuple[str, ...]]] = []
         self.on_apply: Any = None
+        self.cluster = FakeCluster()
+        # Runs that included the cluster side: (plan | apply | probe, hosts).
+        self.cluster_runs: list[tuple[str, tuple[str, ...]]] = []
 
     def inventory(self, limit: str | None = None) -> dict[str, dict[str, Any]]:
         names = [n for n in self.nodes if not limit or n == limit]
@@ -64,9 +92,9 @@ class FakeEngine:
     def desired_hashes(self, hostvars: Any) -> dict[str, str]:
         return {h: f"{self.project}:{sorted(v.items())}" for h, v in hostvars.items()}
 
-    def probe(self, hosts: Sequence[str]) -> dict[str, ProbeResult]:
+    def probe(self, hosts: Sequence[str], cluster: bool = False) -> dict[str, ProbeResult]:
         self.calls.append(("probe", tuple(hosts)))
-        return {
+        results = {
             h: ProbeResult(
                 h,
                 reachable=self.nodes[h].reachable,
@@ -75,6 +103,17 @@ class FakeEngine:
             )
             for h in hosts
         }
+        if cluster:
+            self.cluster_runs.append(("probe", tuple(hosts)))
+            side = self.cluster
+            results[CLUSTER_HOST] = ProbeResult(
+                CLUSTER_HOST,
+                reachable=side.api_up,
+                recorded=side.recorded,
+                drift=list(side.drift),
+                reason="" if side.api_up else REFUSED,
+            )
+        return results
 
     def _run(self, host: str) -> HostRun:
         node = self.nodes[host]
@@ -92,9 +131,12 @@ class FakeEngine:
         changes = [Change(c, f"change {c}", f"-old\n+new {c}") for c in sorted(node.pending)]
         return HostRun(host, changes=changes, stages=stages)
 
-    def converge(self, hosts: Sequence[str], check: bool) -> RunResult:
+    def converge(self, hosts: Sequence[str], check: bool, cluster: bool = False) -> RunResult:
         self.calls.append(("plan" if check else "apply", tuple(hosts)))
         result = RunResult({h: self._run(h) for h in hosts})
+        if cluster:
+            self.cluster_runs.append(("plan" if check else "apply", tuple(hosts)))
+            result.cluster = self._cluster_run(hosts, check)
         if not check:
             for h in hosts:
                 node = self.nodes[h]
@@ -105,6 +147,20 @@ class FakeEngine:
             if self.on_apply:
                 self.on_apply(hosts)
         return result
+
+    def _cluster_run(self, hosts: Sequence[str], check: bool) -> HostRun:
+        side = self.cluster
+        if not side.api_up:
+            return HostRun(CLUSTER_HOST, failures=[f"k8s_manifests: Apply the objects: {REFUSED}"])
+        # Labels are repaired only for the hosts in the run (they have facts in it).
+        repaired = [d for d in side.drift if d["kind"] != "node-labels" or d["host"] in hosts]
+        changes = (
+            [Change("k8s_manifests", "Apply the objects")] if repaired or not side.recorded else []
+        )
+        if not check:
+            side.drift = [d for d in side.drift if d not in repaired]
+            side.recorded = True
+        return HostRun(CLUSTER_HOST, changes=changes)
 
     def node_action(self, action: str, hosts: Sequence[str]) -> RunResult:
         self.calls.append((action, tuple(hosts)))
@@ -403,11 +459,11 @@ def test_loop_sleeps_the_jittered_interval_and_stops_on_request(store: StateStor
     reconciler.settings.jitter = 0.1
     starts = []
 
-    def probe_and_count(hosts: Sequence[str]) -> dict[str, ProbeResult]:
+    def probe_and_count(hosts: Sequence[str], cluster: bool = False) -> dict[str, ProbeResult]:
         starts.append(clock.now)
         if len(starts) == 4:
             reconciler.stop.request()
-        return FakeEngine.probe(engine, hosts)
+        return FakeEngine.probe(engine, hosts, cluster)
 
     engine.probe = probe_and_count  # type: ignore[method-assign]
     reconciler.run(once=False)
@@ -557,3 +613,109 @@ def test_a_node_waiting_for_a_reboot_backs_off_but_is_never_quarantined(
     engine.nodes["a"].needs_reboot = False  # the operator rebooted it
     reconciler.cycle()
     assert store.host("a").status == "converged"
+
+
+# -- the cluster side -------------------------------------------------------------
+
+
+def cluster_fleet(store: StateStore, *names: str) -> tuple[Reconciler, FakeEngine, FakeClock]:
+    """A converged fleet whose inventory applies the cluster side."""
+    nodes = {n: Node(variables={"k8s_manifests_apply": True}) for n in names}
+    reconciler, engine, clock = make(store, nodes)
+    engine.cluster.recorded = False
+    reconciler.cycle()
+    engine.calls.clear()
+    engine.cluster_runs.clear()
+    return reconciler, engine, clock
+
+
+def test_first_cycle_applies_the_cluster_side_once_with_the_hosts(store: StateStore) -> None:
+    nodes = {
+        n: Node(pending={"driver": False}, variables={"k8s_manifests_apply": True}) for n in "ab"
+    }
+    reconciler, engine, _ = make(store, nodes)
+    engine.cluster.recorded = False
+    report = reconciler.cycle()
+    assert engine.cluster_runs == [("probe", ("a", "b")), ("apply", ("a", "b"))]
+    assert store.cluster().status == "converged"
+    assert report.cluster.startswith("applied")
+
+
+def test_steady_state_reads_the_cluster_once_and_applies_nothing(store: StateStore) -> None:
+    reconciler, engine, _ = cluster_fleet(store, "a", "b")
+    reconciler.cycle()
+    assert engine.calls == [("probe", ("a", "b"))]
+    assert engine.cluster_runs == [("probe", ("a", "b"))]
+
+
+def test_a_label_removed_by_hand_is_restored_by_applying_that_host_only(
+    store: StateStore,
+) -> None:
+    reconciler, engine, _ = cluster_fleet(store, "a", "b")
+    engine.cluster.drift = [label_drift("a")]
+    report = reconciler.cycle()
+    assert engine.calls == [("probe", ("a", "b")), ("apply", ("a",))]
+    assert engine.cluster_runs[-1] == ("apply", ("a",))
+    assert report.outcomes["a"].corrective == ["cluster"]
+    assert report.outcomes["a"].reasons == ["cluster drift"]
+    assert [(e.kind, e.component) for e in store.history("a")][-2:] == [
+        ("drift", "cluster"),
+        ("corrective", "cluster"),
+    ]
+    assert "nvidia.com/gpu.present true -> None" in store.history("a")[-2].summary
+    assert engine.cluster.drift == []
+    reconciler.cycle()
+    assert engine.calls[-1] == ("probe", ("a", "b")), "repaired: the next cycle only probes"
+
+
+def test_a_deleted_object_is_reapplied_without_any_node(store: StateStore) -> None:
+    reconciler, engine, _ = cluster_fleet(store, "a")
+    engine.cluster.drift = [
+        {
+            "component": "cluster",
+            "kind": "DaemonSet",
+            "name": "nvidia-device-plugin",
+            "host": None,
+            "recorded": "recorded",
+            "current": None,
+        }
+    ]
+    report = reconciler.cycle()
+    assert engine.calls == [("probe", ("a",)), ("apply", ())]
+    assert report.cluster.startswith("repaired")
+    assert [e.kind for e in store.history("(cluster)")][-2:] == ["drift", "corrective"]
+
+
+def test_check_mode_reports_cluster_drift_and_applies_nothing(store: StateStore) -> None:
+    reconciler, engine, _ = cluster_fleet(store, "a")
+    reconciler.settings.check_only = True
+    engine.cluster.drift = [label_drift("a")]
+    report = reconciler.cycle()
+    assert [c for c, _ in engine.calls] == ["probe"]
+    assert report.cluster_pending
+    assert "would apply the cluster side (labels of a)" in report.cluster
+
+
+def test_api_server_gone_node_work_goes_on_and_the_next_cycle_finishes_it(
+    store: StateStore,
+) -> None:
+    reconciler, engine, _ = cluster_fleet(store, "a", "b")
+    engine.nodes["a"].drift = [{"component": "exporter", "kind": "service", "name": "x"}]
+    engine.nodes["a"].pending = {"exporter": False}
+    engine.cluster.api_up = False
+    report = reconciler.cycle()
+    # The probe could not read the cluster: the node's own drift is repaired anyway.
+    assert report.outcomes["a"].corrective == ["exporter"]
+    assert store.host("a").status == "converged"
+    assert report.cluster_failed and "connection refused" in report.cluster
+    # The apply that included the cluster side failed there: the labels of the
+    # host it applied are owed.
+    cluster = store.cluster()
+    assert (cluster.status, cluster.owed_hosts, cluster.owed_objects) == ("failed", ["a"], True)
+    engine.cluster.api_up = True
+    engine.calls.clear()
+    report = reconciler.cycle()
+    assert engine.calls == [("probe", ("a", "b")), ("apply", ("a",))]
+    assert report.outcomes["a"].reasons == ["cluster side owed"]
+    cluster = store.cluster()
+    assert (cluster.status, cluster.owed_hosts, cluster.owed_objects) == ("converged", [], False)

@@ -2,7 +2,8 @@
 # Apache License 2.0 (see the repository's LICENSE)
 """Filters that turn the inventory's node facts into the Kubernetes objects to apply.
 
-Documentation: k8s_manifests.yml and k8s_node_labels.yml next to this file.
+Documentation: k8s_manifests.yml, k8s_node_labels.yml, k8s_record.yml and
+k8s_drift.yml next to this file.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpufleet.nvidia.plugins.filter.summary import stage_passed
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import k8s_objects as k8s
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import k8s_state
 
 # GPU Operator component names of the stages whose outcome a deploy label reports.
 _STAGE_COMPONENTS = (
@@ -196,6 +198,26 @@ def k8s_unwanted(resources, objects, kind):
     return [resource for resource in resources if key(resource) not in wanted]
 
 
+def k8s_record(previous, objects, nodes, hosts, namespace):
+    """The record ConfigMap after an apply (see module_utils/k8s_state.py).
+
+    `previous` is the record ConfigMap as listed (or None), `nodes` the labelled
+    Nodes ([{host, name, labels}]), `hosts` the hosts the cluster side describes."""
+    record = k8s_state.new_record(
+        k8s_state.parse_record(previous), [k8s.plain(o) for o in objects], nodes, list(hosts)
+    )
+    return k8s_state.record_configmap(record, namespace)
+
+
+def k8s_drift(record, objects, nodes):
+    """{recorded, drift}: the cluster compared with the record ConfigMap `record`
+    (as listed, or None), from the owned `objects` and the `nodes` listed."""
+    parsed = k8s_state.parse_record(record)
+    if parsed is None:
+        return {"recorded": False, "drift": []}
+    return {"recorded": True, "drift": k8s_state.drift(parsed, objects, nodes)}
+
+
 class _Dumper(yaml.SafeDumper):
     """Block style for multi-line strings (ConfigMap data stays readable)."""
 
@@ -225,4 +247,6 @@ class FilterModule:
             "device_plugin_config_file": device_plugin_config_file,
             "k8s_to_yaml": k8s_to_yaml,
             "k8s_unwanted": k8s_unwanted,
+            "k8s_record": k8s_record,
+            "k8s_drift": k8s_drift,
         }
