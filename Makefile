@@ -23,7 +23,7 @@ export PY_COLORS ?= 0
 
 help:
 	@echo "make demo    start the simulated GPU fleet and run the main job on it"
-	@echo "make test    run lint, unit tests and molecule scenarios (what CI runs)"
+	@echo "make test    run lint, unit, e2e tests and molecule scenarios (what CI runs)"
 	@echo "make fleet | fleet-status | fleet-down | cluster | cluster-down | lint | unit | e2e | molecule | bench | clean"
 
 deps:
@@ -85,16 +85,17 @@ consumers:
 unit: venv consumers
 	pytest
 
-# The reconciler against a small simulated fleet, through real ansible-runner.
-e2e: image repo
+# The reconciler against a small simulated fleet, through real ansible-runner, and
+# with the cluster side against the test control plane.
+e2e: image repo controlplane
 	pytest tests/e2e
 
 # Not part of `make test`: measures, asserts nothing (see tests/bench).
 bench: image repo
 	$(BIN)/python tests/bench/reconcile_bench.py $(BENCH_ARGS)
 
-# Scenario gpu-vm needs VMs with passthrough GPUs, scenario cluster a Kubernetes
-# cluster: only their syntax is checked here unless one is given.
+# Scenario gpu-vm needs VMs with passthrough GPUs: only its syntax is checked here.
+# Scenario cluster runs against the test control plane (molecule-cluster).
 molecule: image repo
 	export GPUSIM_IMAGE=$$($(FLEET) image) GPUFLEET_REPO=$$($(FLEET) repo); \
 	  molecule test -s default && molecule test -s driver && molecule test -s runtime

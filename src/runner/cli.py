@@ -390,6 +390,7 @@ def _unwell(record: HostRecord) -> bool:
         record.quarantined
         or record.status in ("failed", "unreachable", "reboot-required")
         or record.rollout_phase == "halted"
+        or record.rollout_reason.startswith("drain blocked")
     )
 
 

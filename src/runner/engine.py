@@ -28,6 +28,8 @@ PASSING = ("ready", "pre-installed", "disabled", "not-a-gpu-node")
 # host's desired state, so editing a role makes every host due for a plan.
 PROJECT_PARTS = ("site.yml", "playbooks", "roles", "collections", "ansible.cfg")
 PROBE_TASK = "Probe the node's managed state"
+# playbooks/rollout.yml's task that cordons, drains or uncordons a node.
+ROLLOUT_TASK = "Cordon, drain or uncordon the node as asked"
 # The cluster side runs on the control host: a run that includes it adds this host
 # to its limit (a --limit leaves the implicit localhost out otherwise), and the
 # cluster probe's result is the fact CLUSTER_PROBE_FACT there.
@@ -80,6 +82,9 @@ class HostRun:
     stages: dict[str, dict[str, Any]] = field(default_factory=dict)
     # "role: task: message" for every task that failed the host.
     failures: list[str] = field(default_factory=list)
+    # A node action (rollout.yml): whether it changed the Node (False: a cordon of a
+    # Node that was cordoned already).
+    action_changed: bool | None = None
 
     @property
     def changed_components(self) -> list[str]:
@@ -235,6 +240,9 @@ class EventCollector:
         if task == PROBE_TASK:
             self.probes[host] = _probe_result(host, res)
             return True
+        if task == ROLLOUT_TASK:
+            run.action_changed = bool(res.get("changed"))
+            return True
         cluster_probe = (res.get("ansible_facts") or {}).get(CLUSTER_PROBE_FACT)
         if host == CLUSTER_HOST and isinstance(cluster_probe, Mapping):
             self.probes[host] = _probe_result(host, cluster_probe)
@@ -258,9 +266,13 @@ class EventCollector:
 
 def _probe_result(host: str, res: Mapping[str, Any]) -> ProbeResult:
     drift: list[dict[str, Any]] = []
-    for component, items in sorted((res.get("drift") or {}).items()):
-        for item in items:
-            drift.append({"component": component, **item})
+    found = res.get("drift") or {}
+    if isinstance(found, list):  # the cluster probe's items name their component
+        drift.extend(dict(item) for item in found)
+    else:
+        for component, items in sorted(found.items()):
+            for item in items:
+                drift.append({"component": component, **item})
     return ProbeResult(
         host,
         recorded=bool(res.get("recorded")),

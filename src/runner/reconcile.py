@@ -634,9 +634,16 @@ class Reconciler:
             result = self.engine.node_action(action, todo)
             for host in todo:
                 run = result.hosts[host]
-                if not run.succeeded:
-                    self._halt(records[host], f"{action} failed: {'; '.join(run.failures)}", report)
+                failure = "; ".join(run.failures)
+                if not run.succeeded and action == "drain" and _blocked_by_budget(failure):
+                    self._drain_blocked(records[host], failure, report)
                     return False
+                if not run.succeeded:
+                    self._halt(records[host], f"{action} failed: {failure}", report)
+                    return False
+                if action == "cordon" and run.action_changed is False:
+                    # Cordoned by someone else before the rollout: it stays so after.
+                    records[host].keep_cordoned = True
                 self._phase(records[host], after, f"{action}ed")
         for host in batch:
             if records[host].rollout_phase == "queued":
@@ -660,14 +667,19 @@ class Reconciler:
                 self._phase(record, "applied", "change applied and validated")
         if not ok:
             return False
-        if nodes:
-            result = self.engine.node_action("uncordon", nodes)
-            for host in nodes:
+        uncordon = [h for h in nodes if not records[h].keep_cordoned]
+        if uncordon:
+            result = self.engine.node_action("uncordon", uncordon)
+            for host in uncordon:
                 if not result.hosts[host].succeeded:
                     self._halt(records[host], "uncordon failed", report)
                     return False
         for host in batch:
-            self._phase(records[host], None, "done")
+            kept = records[host].keep_cordoned
+            records[host].keep_cordoned = False
+            self._phase(
+                records[host], None, "done; left cordoned as it was before" if kept else "done"
+            )
         return True
 
     def _phase(self, record: HostRecord, phase: str | None, summary: str) -> None:
@@ -675,6 +687,18 @@ class Reconciler:
         record.rollout_reason = "" if phase != "halted" else record.rollout_reason
         event = HistoryEntry(self.clock(), record.name, "rollout", phase or "done", summary)
         self.store.save(record, [event])
+        self.hook("rollout", record)
+
+    def _drain_blocked(self, record: HostRecord, reason: str, report: CycleReport) -> None:
+        """A PodDisruptionBudget refused an eviction: the node stays cordoned, the
+        rollout waits (no release needed) and the next cycle drains again."""
+        record.rollout_reason = f"drain blocked: {reason}"
+        self.store.save(
+            record, [HistoryEntry(self.clock(), record.name, "rollout", "drain-blocked", reason)]
+        )
+        report.outcomes[
+            record.name
+        ].message = f"rollout waits, node cordoned; drain blocked: {reason}; retried next cycle"
         self.hook("rollout", record)
 
     def _halt(self, record: HostRecord, reason: str, report: CycleReport) -> None:
@@ -772,6 +796,12 @@ def _brief(value: Any) -> str:
         return ", ".join(f"{k} {_brief(v)}" for k, v in sorted(value.items()))
     text = str(value)
     return text[:12] if len(text) == 64 and text.isalnum() else text
+
+
+def _blocked_by_budget(failure: str) -> bool:
+    """Whether a drain failed because a PodDisruptionBudget refused an eviction (the
+    API server's answer, as kubernetes.core's k8s_drain passes it on)."""
+    return "disruption budget" in failure
 
 
 def _truthy(value: Any) -> bool:

@@ -57,8 +57,10 @@ CREATE TABLE history (
 );
 CREATE INDEX history_host ON history (host, id);
 """
-# Schema 2: the cluster side's record (one row).
+# Schema 2: the cluster side's record (one row); whether a host's Node was cordoned
+# by someone else before a rollout (it stays cordoned after).
 _SCHEMA_2 = """
+ALTER TABLE hosts ADD COLUMN keep_cordoned INTEGER NOT NULL DEFAULT 0;
 CREATE TABLE cluster (
     id INTEGER PRIMARY KEY CHECK (id = 1),
     status TEXT NOT NULL DEFAULT 'unknown',
@@ -102,6 +104,9 @@ class HostRecord:
     # Disruptive rollout: None, or queued | cordoned | drained | applied | done | halted.
     rollout_phase: str | None = None
     rollout_reason: str = ""
+    # The host's Node was already cordoned (by someone else) when its rollout began:
+    # the rollout leaves it cordoned.
+    keep_cordoned: bool = False
 
 
 @dataclass
@@ -143,6 +148,7 @@ def _row_to_host(row: sqlite3.Row) -> HostRecord:
     for key in _JSON_FIELDS:
         values[key] = json.loads(values[key])
     values["quarantined"] = bool(values["quarantined"])
+    values["keep_cordoned"] = bool(values["keep_cordoned"])
     return HostRecord(**values)
 
 
@@ -257,6 +263,7 @@ class StateStore:
         for key in _JSON_FIELDS:
             values[key] = json.dumps(values[key], sort_keys=True)
         values["quarantined"] = int(values["quarantined"])
+        values["keep_cordoned"] = int(values["keep_cordoned"])
         columns = ", ".join(values)
         marks = ", ".join(f":{key}" for key in values)
         with _transaction(self.db):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ansible_collections.gpufleet.nvidia.plugins.filter import summary
-from runner.engine import STAGES, EventCollector, HostRun, stage_passed
+from runner.engine import ROLLOUT_TASK, STAGES, EventCollector, HostRun, stage_passed
 
 OUTCOMES = [
     {"status": "ready"},
@@ -75,3 +75,27 @@ def test_a_plan_shows_the_file_on_the_node_and_a_prediction_in_words():
     assert "+Pin: version 535.261.03-*" in diff.diff
     assert prediction.diff == "would replace driver 535.309.01 with 535.261.03"
     assert install.diff == "", "a module's message is not a diff"
+
+
+def test_the_cluster_probe_and_a_node_action_are_read_from_their_events():
+    collector = EventCollector()
+    probe = {
+        "ansible_facts": {
+            "k8s_manifests_probe": {
+                "recorded": True,
+                "drift": [
+                    {"component": "cluster", "kind": "node-labels", "name": "n1", "host": "a"}
+                ],
+            }
+        }
+    }
+    event = _ok("Compare the cluster with the record", "ansible.builtin.set_fact", probe)
+    event["event_data"].update(host="localhost", role="k8s_manifests")
+    collector(event)
+    cordon = _ok(ROLLOUT_TASK, "kubernetes.core.k8s_drain", {"changed": False})
+    cordon["event_data"]["role"] = ""
+    collector(cordon)
+    cluster = collector.probes["localhost"]
+    assert cluster.recorded
+    assert [(d["component"], d["host"]) for d in cluster.drift] == [("cluster", "a")]
+    assert collector.hosts["a"].action_changed is False, "the node was cordoned already"

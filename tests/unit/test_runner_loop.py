@@ -48,6 +48,11 @@ class FakeCluster:
     api_up: bool = True
 
 
+BLOCKED = (
+    "drain of node {host} failed: Failed to delete pod ml/train-0 due to: Cannot evict pod "
+    "as it would violate the pod's disruption budget. Blocked by PodDisruptionBudget "
+    "ml/train allows no disruption (1 healthy, 1 needed)"
+)
 REFUSED = "Failed to get client due to HTTPSConnectionPool: connection refused"
 
 
@@ -84,6 +89,9 @@ class FakeEngine:
         self.cluster = FakeCluster()
         # Runs that included the cluster side: (plan | apply | probe, hosts).
         self.cluster_runs: list[tuple[str, tuple[str, ...]]] = []
+        # Nodes cordoned now, and nodes whose drain a PodDisruptionBudget refuses.
+        self.cordoned: set[str] = set()
+        self.budget_blocks: set[str] = set()
 
     def inventory(self, limit: str | None = None) -> dict[str, dict[str, Any]]:
         names = [n for n in self.nodes if not limit or n == limit]
@@ -164,7 +172,18 @@ class FakeEngine:
 
     def node_action(self, action: str, hosts: Sequence[str]) -> RunResult:
         self.calls.append((action, tuple(hosts)))
-        return RunResult({h: HostRun(h) for h in hosts})
+        runs = {}
+        for host in hosts:
+            if action == "drain" and host in self.budget_blocks:
+                runs[host] = HostRun(host, failures=[BLOCKED.format(host=host)])
+            elif action == "cordon":
+                runs[host] = HostRun(host, action_changed=host not in self.cordoned)
+                self.cordoned.add(host)
+            else:
+                if action == "uncordon":
+                    self.cordoned.discard(host)
+                runs[host] = HostRun(host, action_changed=True)
+        return RunResult(runs)
 
     def acted_on(self, kind: str) -> list[str]:
         return [h for call, hosts in self.calls if call == kind for h in hosts]
@@ -719,3 +738,40 @@ def test_api_server_gone_node_work_goes_on_and_the_next_cycle_finishes_it(
     assert report.outcomes["a"].reasons == ["cluster side owed"]
     cluster = store.cluster()
     assert (cluster.status, cluster.owed_hosts, cluster.owed_objects) == ("converged", [], False)
+
+
+def test_a_drain_blocked_by_a_budget_waits_cordoned_and_resumes_when_it_allows(
+    store: StateStore,
+) -> None:
+    reconciler, engine, _ = converged(store, "a")
+    upgrade_driver(engine, "a", k8s_manifests_apply=True)
+    engine.budget_blocks.add("a")
+    report = reconciler.cycle()
+    assert [c for c, _ in engine.calls] == ["probe", "plan", "cordon", "drain"]
+    record = store.host("a")
+    assert record.rollout_phase == "cordoned", "not halted: no release is needed"
+    assert "PodDisruptionBudget ml/train allows no disruption" in record.rollout_reason
+    assert "pod ml/train-0" in report.outcomes["a"].message
+    assert "a" in engine.cordoned
+    blocked = [e for e in store.history("a", kinds=["rollout"]) if e.component == "drain-blocked"]
+    assert "ml/train-0" in blocked[-1].summary
+    # The budget allows it now: the next cycle drains, applies and uncordons.
+    engine.budget_blocks.clear()
+    engine.calls.clear()
+    reconciler.cycle()
+    assert [c for c, _ in engine.calls] == ["probe", "plan", "drain", "apply", "uncordon"]
+    assert store.host("a").rollout_phase is None
+    assert "a" not in engine.cordoned
+
+
+def test_a_node_cordoned_before_the_rollout_stays_cordoned_after(store: StateStore) -> None:
+    reconciler, engine, _ = converged(store, "a")
+    upgrade_driver(engine, "a", k8s_manifests_apply=True)
+    engine.cordoned.add("a")  # an admin's cordon
+    reconciler.cycle()
+    assert [c for c, _ in engine.calls] == ["probe", "plan", "cordon", "drain", "apply"]
+    assert "a" in engine.cordoned
+    record = store.host("a")
+    assert (record.rollout_phase, record.keep_cordoned) == (None, False)
+    done = store.history("a", kinds=["rollout"])[-1]
+    assert done.summary == "done; left cordoned as it was before"

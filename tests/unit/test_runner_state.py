@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from runner.state import (
+    _SCHEMA,
     SCHEMA_VERSION,
+    ClusterRecord,
     HistoryEntry,
     HostRecord,
     StateError,
@@ -45,6 +47,22 @@ def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
     db.close()
     with pytest.raises(StateError, match="written by a newer runner"):
         StateStore(tmp_path).open()
+
+
+def test_a_schema_1_database_gains_the_cluster_record_and_keeps_its_hosts(tmp_path: Path) -> None:
+    db = sqlite3.connect(tmp_path / "state.db")
+    db.executescript(_SCHEMA)
+    db.execute("INSERT INTO hosts (name, status) VALUES ('a', 'converged')")
+    db.execute("PRAGMA user_version = 1")
+    db.commit()
+    db.close()
+    with StateStore(tmp_path) as store:
+        assert store.host("a").status == "converged"
+        assert store.cluster() == ClusterRecord()
+        store.save_cluster(ClusterRecord("failed", "api gone", owed_hosts=["a"], owed_objects=True))
+    with StateStore(tmp_path) as store:
+        assert store.cluster().owed_hosts == ["a"]
+        assert store.cluster().owed_objects is True
 
 
 def test_another_programs_database_is_refused(tmp_path: Path) -> None:

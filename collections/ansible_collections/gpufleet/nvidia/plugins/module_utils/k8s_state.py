@@ -79,9 +79,11 @@ def record_configmap(record, namespace, part_of="gpufleet"):
 def missing(sent, live, path=""):
     """Where `live` does not hold what was `sent`: a list of paths.
 
-    Maps: every key sent must be there, recursively. Lists of maps that all have a
-    `name` are matched by name (containers, volumes, ports); other lists must have
-    the same length and hold each sent item in place. Scalars must be equal."""
+    Maps: every key sent must be there, recursively — except a zero value (empty
+    string, list or map, 0, false, null), which the API server leaves out of what it
+    returns. Lists of maps that all have a `name` are matched by name (containers,
+    volumes, ports); other lists must have the same length and hold each sent item
+    in place. Scalars must be equal."""
     if isinstance(sent, dict):
         if not isinstance(live, dict):
             return [path or "."]
@@ -89,7 +91,8 @@ def missing(sent, live, path=""):
         for key, value in sent.items():
             where = "{}.{}".format(path, key) if path else key
             if key not in live:
-                found.append(where)
+                if not _zero(value):
+                    found.append(where)
             else:
                 found.extend(missing(value, live[key], where))
         return found
@@ -145,6 +148,11 @@ def drift(record, live_objects, live_nodes):
             current = {k: labels.get(k) for k in changed}
             found.append(_item("node-labels", name, entry.get("host"), changed, current))
     return found
+
+
+def _zero(value):
+    """A value Kubernetes' JSON leaves out (Go's omitempty)."""
+    return value is None or value is False or value == 0 or value in ("", [], {})
 
 
 def _item(kind, name, host, recorded, current):

@@ -1,0 +1,282 @@
+"""The reconciler and the cluster side against a real API server.
+
+A T4 node and a CPU-only node of the simulated fleet, registered as Nodes of the test
+control plane (tests/sim/cluster.py: etcd, kube-apiserver, controller manager,
+scheduler, and kwok in place of kubelets), with an inventory that applies the cluster
+side. The tests run in order, each building on the state the one before left. What
+a cluster admin would notice is asserted: the labels on the Node objects, the
+DaemonSets' pods, what `reconcile` and `status` say, and the repair of drift made by
+hand with kubectl.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+PROJECT = Path(__file__).resolve().parents[2]
+FLEET = [sys.executable, str(PROJECT / "tests" / "sim" / "fleet.py")]
+NODES = {"e2e-k8s-t4": "t4-1", "e2e-k8s-cpu": "none"}
+GPU_NODE, CPU_NODE = "e2e-k8s-t4", "e2e-k8s-cpu"
+NAMESPACE = "gpufleet"
+
+pytestmark = pytest.mark.fleet
+
+
+class Cluster:
+    def __init__(self, inventory: Path, state: Path, kubeconfig: Path, kubectl: Path) -> None:
+        self.inventory = inventory
+        self.state = state
+        self.kubeconfig = kubeconfig
+        self._kubectl = kubectl
+
+    def runner(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "runner", *args, *self._where()],
+            capture_output=True,
+            text=True,
+            cwd=PROJECT,
+            timeout=900,
+            check=False,
+        )
+
+    def _where(self) -> list[str]:
+        return ["-i", str(self.inventory), "--state-dir", str(self.state)]
+
+    def reconcile(self) -> subprocess.CompletedProcess[str]:
+        return self.runner("reconcile", "--once", "--backoff-base", "1", "--backoff-cap", "1")
+
+    def kubectl(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(self._kubectl), f"--kubeconfig={self.kubeconfig}", *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    def get(self, *args: str) -> dict:
+        result = self.kubectl("get", *args, "-o", "json")
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout)
+
+    def labels(self, node: str) -> dict[str, str]:
+        return self.get("node", node)["metadata"].get("labels") or {}
+
+    def on_node(self, node: str, *command: str) -> str:
+        result = subprocess.run(
+            ["podman", "exec", node, *command], capture_output=True, text=True, check=False
+        )
+        assert result.returncode == 0, result.stderr
+        return result.stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    work = tmp_path_factory.mktemp("e2e-cluster")
+    inventory = work / "inventory"
+    inventory.mkdir()
+    nodes = [arg for name, profile in NODES.items() for arg in ("--node", f"{name}={profile}")]
+    subprocess.run(
+        [*FLEET, "up", *nodes, "--write-inventory", str(inventory / "hosts.yml")], check=True
+    )
+    (inventory / "group_vars").symlink_to(PROJECT / "inventories" / "sim" / "group_vars")
+    started = not (PROJECT / ".cache" / "cluster" / "pids" / "kube-apiserver.pid").exists()
+    up = subprocess.run([*FLEET, "cluster"], check=True, capture_output=True, text=True)
+    kubeconfig = Path(up.stdout.strip().splitlines()[-1])
+    built = subprocess.run(
+        ["bash", str(PROJECT / "tests" / "sim" / "controlplane" / "build.sh")],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    kubectl = Path(built.stdout.strip().splitlines()[-1]) / "kubectl"
+    # The cluster side on, for every host and the control host (all's variables).
+    (inventory / "cluster.yml").write_text(
+        "all:\n  vars:\n    k8s_manifests_apply: true\n"
+        f"    k8s_manifests_kubeconfig: {kubeconfig}\n"
+        # kwok runs no container: a DaemonSet's pods are Running as soon as scheduled.
+        "    k8s_manifests_wait_timeout: 120\n"
+    )
+    try:
+        yield Cluster(inventory, work / "state", kubeconfig, kubectl)
+    finally:
+        if started:
+            subprocess.run([*FLEET, "cluster-down"], check=False)
+        subprocess.run([*FLEET, "down", *NODES], check=False)
+
+
+def test_first_cycle_labels_the_gpu_node_from_its_own_facts(cluster: Cluster) -> None:
+    result = cluster.reconcile()
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "cluster side: applied" in result.stdout, result.stdout
+    labels = cluster.labels(GPU_NODE)
+    name = cluster.on_node(GPU_NODE, "nvidia-smi", "--query-gpu=name", "--format=csv,noheader")
+    assert labels["nvidia.com/gpu.present"] == "true"
+    assert labels["nvidia.com/gpu.count"] == "1"
+    assert labels["nvidia.com/gpu.product"] == name.replace(" ", "-")
+    assert labels["nvidia.com/gpu.deploy.driver"] == "true"
+    assert labels["nvidia.com/gpu.deploy.device-plugin"] == "true"
+    cpu = cluster.labels(CPU_NODE)
+    assert cpu.get("nvidia.com/gpu.present", "false") == "false"
+    assert not any(k.startswith("nvidia.com/gpu.deploy.") for k in cpu)
+    # Every DaemonSet has all the pods it wants, and they are ready.
+    for ds in cluster.get("daemonsets", "-n", NAMESPACE)["items"]:
+        status = ds["status"]
+        assert status["numberReady"] == status["desiredNumberScheduled"], ds["metadata"]["name"]
+    pods = cluster.get("pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=nvidia-device-plugin")
+    assert [p["spec"]["nodeName"] for p in pods["items"]] == [GPU_NODE]
+    assert "cluster side: converged" in cluster.runner("status").stdout
+
+
+def test_steady_state_reads_the_cluster_and_changes_nothing(cluster: Cluster) -> None:
+    result = cluster.reconcile()
+    assert result.stdout.startswith("cycle: 2 probed, 0 planned, 0 applied"), result.stdout
+    assert "cluster side: converged" in result.stdout
+
+
+def test_a_label_removed_by_hand_is_restored(cluster: Cluster) -> None:
+    removed = cluster.kubectl("label", "node", GPU_NODE, "nvidia.com/gpu.present-")
+    assert removed.returncode == 0, removed.stderr
+    result = cluster.reconcile()
+    assert f"{GPU_NODE}: applied; because cluster drift; repaired cluster" in result.stdout, (
+        result.stdout + result.stderr
+    )
+    assert f"{CPU_NODE}: probed" in result.stdout
+    assert cluster.labels(GPU_NODE)["nvidia.com/gpu.present"] == "true"
+    history = json.loads(cluster.runner("history", "--json", "--host", GPU_NODE).stdout)
+    drift = [e for e in history if (e["kind"], e["component"]) == ("drift", "cluster")]
+    assert "nvidia.com/gpu.present true -> None" in drift[-1]["summary"]
+
+
+def test_a_deleted_daemonset_is_recreated_without_touching_a_node(cluster: Cluster) -> None:
+    deleted = cluster.kubectl("delete", "daemonset", "-n", NAMESPACE, "nvidia-device-plugin")
+    assert deleted.returncode == 0, deleted.stderr
+    result = cluster.reconcile()
+    assert result.stdout.startswith("cycle: 2 probed, 0 planned, 0 applied"), result.stdout
+    assert "cluster side: repaired" in result.stdout, result.stdout
+    ds = cluster.get("daemonset", "-n", NAMESPACE, "nvidia-device-plugin")
+    assert ds["status"]["numberReady"] == 1
+
+
+def test_api_server_gone_node_work_goes_on_and_the_next_cycle_finishes_it(
+    cluster: Cluster,
+) -> None:
+    pid_file = PROJECT / ".cache" / "cluster" / "pids" / "kube-apiserver.pid"
+    stopped = cluster.on_node(GPU_NODE, "systemctl", "stop", "dcgm-exporter.service")
+    assert stopped == ""
+    cluster.kubectl("label", "node", GPU_NODE, "nvidia.com/gpu.present-")
+    pid = int(pid_file.read_text())
+    subprocess.run(["kill", str(pid)], check=True)
+    try:
+        result = cluster.reconcile()
+        assert result.returncode == 1, result.stdout + result.stderr
+        assert f"{GPU_NODE}: applied; because drift; repaired exporter" in result.stdout
+        assert "cluster side: probe failed" in result.stdout or (
+            "cluster side: failed" in result.stdout
+        ), result.stdout
+        assert cluster.on_node(GPU_NODE, "systemctl", "is-active", "dcgm-exporter.service") == (
+            "active"
+        )
+        status = cluster.runner("status")
+        assert status.returncode == 1
+        assert "cluster side: failed" in status.stdout, status.stdout
+    finally:
+        subprocess.run([*FLEET, "cluster"], check=True, capture_output=True)
+    result = cluster.reconcile()
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert cluster.labels(GPU_NODE)["nvidia.com/gpu.present"] == "true"
+    assert "cluster side: converged" in cluster.runner("status").stdout
+
+
+WORKLOAD = """
+apiVersion: v1
+kind: Namespace
+metadata: {name: e2e-ml}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: train, namespace: e2e-ml}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: train}}
+  template:
+    metadata: {labels: {app: train}}
+    spec:
+      nodeSelector: {kubernetes.io/hostname: %(node)s}
+      containers: [{name: train, image: example.com/train:1}]
+---
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata: {name: train, namespace: e2e-ml}
+spec:
+  minAvailable: 1
+  selector: {matchLabels: {app: train}}
+"""
+
+
+def test_a_driver_rollout_blocked_by_a_budget_waits_cordoned_then_ends_uncordoned(
+    cluster: Cluster,
+) -> None:
+    applied = subprocess.run(
+        [str(cluster._kubectl), f"--kubeconfig={cluster.kubeconfig}", "apply", "-f", "-"],
+        input=WORKLOAD % {"node": GPU_NODE},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert applied.returncode == 0, applied.stderr
+    waited = cluster.kubectl(
+        "wait", "-n", "e2e-ml", "--for=condition=Ready", "pod", "-l", "app=train", "--timeout=60s"
+    )
+    assert waited.returncode == 0, waited.stderr
+    (cluster.inventory / "host_vars").mkdir(exist_ok=True)
+    (cluster.inventory / "host_vars" / f"{GPU_NODE}.yml").write_text(
+        'driver_version: "535.261.03"\n'
+    )
+    result = cluster.reconcile()
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "drain blocked" in result.stdout, result.stdout
+    node = cluster.get("node", GPU_NODE)
+    assert node["spec"].get("unschedulable") is True, "the node stays cordoned"
+    status = cluster.runner("status")
+    assert "rollout cordoned: drain blocked" in status.stdout, status.stdout
+    assert "PodDisruptionBudget e2e-ml/train allows no disruption" in status.stdout
+    history = json.loads(cluster.runner("history", "--json", "--host", GPU_NODE).stdout)
+    blocked = [e for e in history if e["component"] == "drain-blocked"]
+    assert "e2e-ml/train-" in blocked[-1]["summary"], "the blocking pod is named"
+    loaded = cluster.on_node(
+        GPU_NODE, "nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"
+    )
+    assert loaded == "535.309.01", "nothing changed on the node"
+    # The budget allows the eviction now: the next cycle drains, applies, uncordons.
+    relaxed = cluster.kubectl(
+        "patch",
+        "pdb",
+        "-n",
+        "e2e-ml",
+        "train",
+        "--type=merge",
+        "-p",
+        '{"spec": {"minAvailable": 0}}',
+    )
+    assert relaxed.returncode == 0, relaxed.stderr
+    result = cluster.reconcile()
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"{GPU_NODE}: rolled-out" in result.stdout, result.stdout
+    assert not cluster.get("node", GPU_NODE)["spec"].get("unschedulable")
+    loaded = cluster.on_node(
+        GPU_NODE, "nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"
+    )
+    assert loaded == "535.261.03"
+    phases = [
+        e["component"]
+        for e in json.loads(cluster.runner("history", "--json", "--host", GPU_NODE).stdout)
+        if e["kind"] == "rollout"
+    ]
+    assert phases[-6:] == ["queued", "cordoned", "drain-blocked", "drained", "applied", "done"]

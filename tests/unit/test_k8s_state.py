@@ -1,0 +1,120 @@
+"""The cluster side's record and its drift check (module_utils/k8s_state.py).
+
+The live objects here are shaped as the API server returns them (defaults, status,
+managedFields and others' labels added); tests/e2e/test_cluster_e2e.py and the
+molecule cluster scenario check the same against a real API server.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from ansible_collections.gpufleet.nvidia.plugins.filter import k8s
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import k8s_state
+
+DAEMONSET = {
+    "apiVersion": "apps/v1",
+    "kind": "DaemonSet",
+    "metadata": {"name": "plugin", "namespace": "gpufleet", "labels": {"a": "b"}},
+    "spec": {
+        "template": {
+            "spec": {
+                "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+                "containers": [
+                    {
+                        "name": "plugin",
+                        "image": "nvcr.io/nvidia/k8s-device-plugin:v0.19.3",
+                        "ports": [{"name": "metrics", "containerPort": 9400}],
+                        "resources": {"limits": {"memory": 1}},
+                        "env": [{"name": "KUBECONFIG", "value": ""}],
+                    }
+                ],
+            }
+        }
+    },
+}
+
+
+def live(obj: dict) -> dict:
+    """`obj` as the API server gives it back: defaults and status added."""
+    served = copy.deepcopy(obj)
+    served["metadata"]["uid"] = "1234"
+    served["metadata"]["labels"]["someone.else/label"] = "x"
+    container = served["spec"]["template"]["spec"]["containers"][0]
+    container["imagePullPolicy"] = "IfNotPresent"
+    container["ports"][0]["protocol"] = "TCP"
+    container["resources"]["limits"]["memory"] = "1"
+    container["env"][0].pop("value")  # an empty string is left out
+    served["status"] = {"numberReady": 1}
+    return served
+
+
+def record() -> dict:
+    return k8s_state.new_record(None, [DAEMONSET], [], [])
+
+
+def test_what_the_server_adds_is_not_drift() -> None:
+    assert k8s_state.drift(record(), [live(DAEMONSET)], []) == []
+
+
+def test_an_edited_field_is_drift_and_named() -> None:
+    edited = live(DAEMONSET)
+    edited["spec"]["template"]["spec"]["containers"][0]["image"] = "example.com/other:1"
+    (item,) = k8s_state.drift(record(), [edited], [])
+    assert (item["component"], item["kind"], item["name"]) == ("cluster", "DaemonSet", "plugin")
+    assert item["current"] == "changed: spec.template.spec.containers[plugin].image"
+
+
+def test_a_removed_toleration_is_drift() -> None:
+    edited = live(DAEMONSET)
+    edited["spec"]["template"]["spec"]["tolerations"] = []
+    assert k8s_state.drift(record(), [edited], [])[0]["current"].startswith("changed: spec")
+
+
+def test_a_deleted_object_is_drift() -> None:
+    (item,) = k8s_state.drift(record(), [], [])
+    assert (item["kind"], item["current"]) == ("DaemonSet", None)
+
+
+def test_a_removed_or_changed_label_is_drift_of_that_nodes_host() -> None:
+    nodes = [{"host": "h1", "name": "node-1", "labels": {"nvidia.com/gpu.present": "true"}}]
+    kept = k8s_state.new_record(None, [], nodes, ["h1"])
+    node = {"metadata": {"name": "node-1", "labels": {"nvidia.com/gpu.present": "true", "x": "y"}}}
+    assert k8s_state.drift(kept, [], [node]) == []
+    node["metadata"]["labels"].pop("nvidia.com/gpu.present")
+    (item,) = k8s_state.drift(kept, [], [node])
+    assert (item["kind"], item["host"]) == ("node-labels", "h1")
+    assert item["current"] == {"nvidia.com/gpu.present": None}
+    # A Node that left the cluster is nothing to repair.
+    assert k8s_state.drift(kept, [], []) == []
+
+
+def test_nodes_this_apply_could_not_describe_keep_their_entry_while_in_the_inventory() -> None:
+    first = k8s_state.new_record(
+        None,
+        [],
+        [
+            {"host": "h1", "name": "n1", "labels": {"l": "1"}},
+            {"host": "h2", "name": "n2", "labels": {"l": "2"}},
+        ],
+        ["h1", "h2"],
+    )
+    second = k8s_state.new_record(
+        first, [], [{"host": "h1", "name": "n1", "labels": {"l": "3"}}], ["h1", "h2"]
+    )
+    assert second["nodes"] == {
+        "n1": {"host": "h1", "labels": {"l": "3"}},
+        "n2": {"host": "h2", "labels": {"l": "2"}},
+    }
+    third = k8s_state.new_record(second, [], [], ["h1"])
+    assert list(third["nodes"]) == ["n1"], "a host gone from the inventory is forgotten"
+
+
+def test_the_record_round_trips_through_its_configmap_and_is_never_pruned() -> None:
+    configmap = k8s.k8s_record(None, [DAEMONSET], [], ["h1"], "gpufleet")
+    assert configmap["metadata"]["name"] == "gpufleet-applied"
+    assert "app.kubernetes.io/managed-by" not in configmap["metadata"]["labels"]
+    assert k8s.k8s_drift(configmap, [live(DAEMONSET)], []) == {"recorded": True, "drift": []}
+    assert k8s.k8s_drift(None, [], []) == {"recorded": False, "drift": []}
+    broken = {"data": {"applied.json": "{not json"}}
+    assert k8s.k8s_drift(broken, [], [])["recorded"] is False
