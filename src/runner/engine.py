@@ -393,7 +393,14 @@ class AnsibleEngine:
 
     def converge(self, hosts: Sequence[str], check: bool, cluster: bool = False) -> RunResult:
         cmdline = ["--diff"] + (["--check"] if check else [])
-        collector = self._run("site.yml", _with_cluster(hosts, cluster), cmdline)
+        playbook = "site.yml"
+        if cluster and not hosts:
+            # The cluster side alone. A --limit that matches no inventory host stops
+            # ansible-playbook before any play, and the implicit localhost matches
+            # none: name localhost as a host of its own.
+            playbook = "playbooks/k8s_manifests.yml"
+            cmdline += ["-i", f"{CLUSTER_HOST},"]
+        collector = self._run(playbook, _with_cluster(hosts, cluster), cmdline)
         result = _result(collector, hosts)
         if cluster:
             result.cluster = collector.hosts.get(CLUSTER_HOST) or HostRun(

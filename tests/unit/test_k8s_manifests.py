@@ -361,6 +361,23 @@ def test_a_host_without_facts_is_named_not_labelled():
     assert [n["name"] for n in built["nodes"]] == ["t4"]
 
 
+def test_a_run_limited_to_some_hosts_keeps_what_the_others_nodes_select():
+    """The reconciler applies only the hosts that need it: the device plugin's
+    configurations and the MPS daemon the other Nodes were given stay."""
+    everyone = [host("shared", "t4-1", "mps", 4), host("t4", "t4-1")]
+    first = k8s.k8s_manifests(everyone, settings())
+    record = k8s.k8s_record(None, first["objects"], first["nodes"], ["shared", "t4"], "gpufleet")
+    later = k8s.k8s_manifests(
+        [{"inventory_hostname": "shared"}, host("t4", "t4-1")], settings(), None, record
+    )
+    configmap = next(o for o in later["objects"] if o["kind"] == "ConfigMap")
+    assert sorted(configmap["data"]) == ["default", "mps-4"]
+    assert "nvidia-device-plugin-mps-control-daemon" in daemonsets(later)
+    assert [n["name"] for n in later["nodes"]] == ["t4"], "only hosts with facts are labelled"
+    without = k8s.k8s_manifests([{"inventory_hostname": "shared"}, host("t4", "t4-1")], settings())
+    assert "mps-4" not in next(o for o in without["objects"] if o["kind"] == "ConfigMap")["data"]
+
+
 # --- bad input --------------------------------------------------------------------
 
 

@@ -99,12 +99,17 @@ def _check_settings(settings):
         k8s.check_dns_label(secret, "k8s_manifests_image_pull_secrets")
 
 
-def k8s_manifests(hostvars_list, settings, node_names=None):
+def k8s_manifests(hostvars_list, settings, node_names=None, previous=None):
     """Everything the k8s_manifests role renders and applies, as plain data.
 
     Returns ``objects`` (cluster objects, in the order to apply them), ``nodes`` (the
     labelled part of each Node: host, name, labels, object) and ``without_facts``
-    (hosts that could not be described, e.g. unreachable ones).
+    (hosts that could not be described, e.g. unreachable ones, or not in this run).
+
+    `previous` is the record ConfigMap of the last apply (or None): a host without
+    facts whose Node it labelled keeps counting with those labels, so a run limited
+    to some hosts does not drop the device plugin configuration (or the MPS daemon,
+    or MIG's capability) that the other Nodes still select.
     """
     node_names = node_names or {}
     try:
@@ -131,6 +136,8 @@ def k8s_manifests(hostvars_list, settings, node_names=None):
             config = (hostvars.get("device_plugin_stage") or {}).get("config")
             if config:
                 configs[config["name"]] = config
+        for config in _recorded_configs(previous, without_facts):
+            configs.setdefault(config["name"], config)
         objects = [k8s.namespace(settings)]
         if settings["runtime_class_name"]:
             objects.append(k8s.runtime_class(settings))
@@ -141,6 +148,22 @@ def k8s_manifests(hostvars_list, settings, node_names=None):
     except k8s.K8sInputError as exc:
         raise AnsibleFilterError(str(exc)) from exc
     return {"objects": objects, "nodes": nodes, "without_facts": without_facts}
+
+
+def _recorded_configs(previous, hosts):
+    """The device plugin configurations the recorded labels of `hosts`' Nodes select."""
+    record = k8s_state.parse_record(previous) or {}
+    for entry in (record.get("nodes") or {}).values():
+        labels = entry.get("labels") or {}
+        sharing = labels.get("nvidia.com/gpu.sharing-strategy")
+        if entry.get("host") not in hosts or sharing is None:
+            continue
+        yield k8s.plugin_config(
+            sharing,
+            int(labels.get("nvidia.com/gpu.replicas", "1")),
+            labels.get("nvidia.com/mig.strategy", "none"),
+            where=f"the recorded labels of host {entry.get('host')}",
+        )
 
 
 def device_plugin_config(gpus, sharing, replicas, mig_strategy, host="node"):
