@@ -5,14 +5,18 @@ Every cycle:
    project's playbooks and roles);
 2. probe every host that is due (not quarantined, not backing off): one task that
    compares the node's managed state with what its last successful apply recorded;
+   with the cluster side on, one read of the cluster compared with the record of its
+   last apply (label drift makes its host a candidate, object drift the cluster);
 3. plan (check mode) on the hosts that drifted, have no record, whose desired state
    changed, that failed last time, that are in a rollout, or whose periodic full
    check is due;
-4. apply to the planned hosts with changes; a disruptive change (driver reload,
-   container runtime restart) goes through a rollout instead: max_parallel hosts at
-   a time, never more than max_unavailable out of service, Kubernetes nodes
-   cordoned and drained first; a failure halts the rollout and the host stays
-   cordoned;
+4. apply to the planned hosts with changes, and to hosts whose Node labels the
+   cluster side owes; every apply includes the cluster side once. A disruptive
+   change (driver reload, container runtime restart) goes through a rollout instead:
+   max_parallel hosts at a time, never more than max_unavailable out of service,
+   Kubernetes nodes cordoned and drained first (a drain a PodDisruptionBudget
+   refuses waits, cordoned, for the next cycle); a failure halts the rollout and the
+   host stays cordoned;
 5. record, per host and component, what was repaired (corrective) apart from what
    changed because the desired state did (intentional).
 
@@ -309,20 +313,7 @@ class Reconciler:
             self.store.save(record)
 
         if not self.settings.check_only:
-            # Hosts whose Node labels the cluster side owes, and that nothing else
-            # brings into this cycle's apply: applying them changes nothing on the
-            # node (the probe found it as recorded) and relabels their Nodes.
-            for host, reasons in sorted(owed.items()):
-                known = report.outcomes.get(host)
-                if host in to_apply or host in to_roll:
-                    continue
-                if known is not None and known.action in ("failed", "skipped", "waiting"):
-                    continue
-                if known is not None and known.action == "planned":
-                    known.reasons.extend(r for r in reasons if r not in known.reasons)
-                else:
-                    report.outcomes[host] = HostOutcome(host, "planned", reasons=reasons)
-                to_apply.append(host)
+            self._add_owed(owed, to_apply, to_roll, report)
         apply_cluster = (
             cluster_on and not self.settings.check_only and (bool(to_apply) or cluster_objects)
         )
@@ -406,6 +397,29 @@ class Reconciler:
         self.store.record(events)
 
     # -- the cluster side --------------------------------------------------------
+
+    @staticmethod
+    def _add_owed(
+        owed: Mapping[str, list[str]],
+        to_apply: list[str],
+        to_roll: Sequence[str],
+        report: CycleReport,
+    ) -> None:
+        """Put the hosts whose Node labels the cluster side owes into this cycle's
+        apply, unless something else already takes them or they failed: applying
+        them changes nothing on the node (the probe found it as recorded) and
+        relabels their Nodes."""
+        for host, reasons in sorted(owed.items()):
+            known = report.outcomes.get(host)
+            if host in to_apply or host in to_roll:
+                continue
+            if known is not None and known.action in ("failed", "skipped", "waiting"):
+                continue
+            if known is not None and known.action == "planned":
+                known.reasons.extend(r for r in reasons if r not in known.reasons)
+            else:
+                report.outcomes[host] = HostOutcome(host, "planned", reasons=reasons)
+            to_apply.append(host)
 
     def _cluster_due(
         self, probe: ProbeResult | None, reachable: Sequence[str], report: CycleReport

@@ -5,7 +5,9 @@ Go modules pinned in tests/sim/controlplane (see its build.sh), plus kwok standi
 for the kubelets: it keeps the Node objects Ready and brings pods scheduled on them
 (DaemonSet pods included) to Running without running any container.
 
-Everything listens on 127.0.0.1 only. Certificates, keys and the etcd data are made
+The Prometheus operator's ServiceMonitor CRD is installed too (from its published Go
+module), as a cluster with a Prometheus operator has it. Everything listens on
+127.0.0.1 only. Certificates, keys and the etcd data are made
 per cluster under .cache/cluster and removed by `down`; the admin kubeconfig is
 .cache/cluster/kubeconfig. Each process's pid is kept in .cache/cluster/pids, and
 `down` stops exactly those processes.
@@ -57,6 +59,15 @@ KWOK_STAGES = (
     "kustomize/stage/pod/fast/pod-delete.yaml",
 )
 START_TIMEOUT = 90.0
+# The Prometheus operator's ServiceMonitor CRD, installed so that the cluster side's
+# `k8s_manifests_service_monitor: auto` finds it: taken from the operator's published
+# Go module at this version, held to this module hash (go.sum's h1: form).
+PROMETHEUS_OPERATOR = (
+    "github.com/prometheus-operator/prometheus-operator",
+    "v0.85.0",
+    "h1:M5xLCLEoaW2IJfnuCwFzzpL+jSVQu3KGT84Pye+fW8s=",
+)
+SERVICEMONITOR_CRD = "example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml"
 
 
 class ClusterError(RuntimeError):
@@ -99,6 +110,26 @@ def kwok_stages() -> str:
         raise ClusterError(f"cannot find the kwok module: {listed.stderr.strip()}")
     module = Path(json.loads(listed.stdout)["Dir"])
     return "\n---\n".join((module / stage).read_text() for stage in KWOK_STAGES)
+
+
+def servicemonitor_crd() -> str:
+    """The ServiceMonitor CRD from the Prometheus operator's module, hash checked."""
+    module, version, digest = PROMETHEUS_OPERATOR
+    env = {**os.environ, "GOFLAGS": "-mod=mod", "GOSUMDB": "off", "GOTOOLCHAIN": "local"}
+    listed = subprocess.run(
+        ["go", "mod", "download", "-json", f"{module}@{version}"],
+        cwd="/",  # outside any Go module
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if listed.returncode != 0:
+        raise ClusterError(f"cannot download {module}@{version}: {listed.stderr.strip()}")
+    info = json.loads(listed.stdout)
+    if info.get("Sum") != digest:
+        raise ClusterError(f"{module}@{version} has hash {info.get('Sum')}, expected {digest}")
+    return (Path(info["Dir"]) / SERVICEMONITOR_CRD).read_text()
 
 
 # --- certificates -----------------------------------------------------------------
@@ -446,6 +477,14 @@ def up(node_names: Iterable[str]) -> Path:
     for component in components(bin_dir):
         running = _running_pid(component.name, component.argv[0]) is not None
         _wait_healthy(component, None if running else _start(component))
+    kubectl(bin_dir, "apply", "--server-side", "-f", "-", stdin=servicemonitor_crd())
+    kubectl(
+        bin_dir,
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/servicemonitors.monitoring.coreos.com",
+    )
     register_nodes(bin_dir, node_names)
     return KUBECONFIG
 

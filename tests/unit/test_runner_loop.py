@@ -775,3 +775,15 @@ def test_a_node_cordoned_before_the_rollout_stays_cordoned_after(store: StateSto
     assert (record.rollout_phase, record.keep_cordoned) == (None, False)
     done = store.history("a", kinds=["rollout"])[-1]
     assert done.summary == "done; left cordoned as it was before"
+
+
+def test_a_host_whose_stage_fails_is_relabelled_in_the_same_apply(store: StateStore) -> None:
+    """Its Node's deploy labels follow the stage outcomes of that apply (the
+    k8s_manifests filter's unit tests: a failed stage gives `false`)."""
+    reconciler, engine, _ = cluster_fleet(store, "a", "b")
+    engine.nodes["a"].drift = [{"component": "toolkit", "kind": "package", "name": "x"}]
+    engine.nodes["a"].broken_stage = "toolkit"
+    reconciler.cycle()
+    assert engine.cluster_runs[-1] == ("apply", ("a",))
+    assert store.host("a").status == "failed"
+    assert store.cluster().status == "converged"
