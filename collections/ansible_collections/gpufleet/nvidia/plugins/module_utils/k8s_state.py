@@ -25,7 +25,7 @@ RECORD_VERSION = 1
 def object_key(obj):
     """Kind/namespace/name (Kind//name for cluster-wide objects)."""
     meta = obj.get("metadata") or {}
-    return "{}/{}/{}".format(obj.get("kind", "?"), meta.get("namespace", ""), meta.get("name"))
+    return f"{obj.get('kind', '?')}/{meta.get('namespace', '')}/{meta.get('name')}"
 
 
 def parse_record(configmap):
@@ -89,7 +89,7 @@ def missing(sent, live, path=""):
             return [path or "."]
         found = []
         for key, value in sent.items():
-            where = "{}.{}".format(path, key) if path else key
+            where = f"{path}.{key}" if path else key
             if key not in live:
                 if not _zero(value):
                     found.append(where)
@@ -104,7 +104,7 @@ def missing(sent, live, path=""):
             by_name = {i.get("name"): i for i in live if isinstance(i, dict)}
             found = []
             for item in sent:
-                where = "{}[{}]".format(path, item["name"])
+                where = f"{path}[{item['name']}]"
                 if item["name"] not in by_name:
                     found.append(where)
                 else:
@@ -114,7 +114,7 @@ def missing(sent, live, path=""):
             return [path]
         found = []
         for index, (item, other) in enumerate(zip(sent, live)):
-            found.extend(missing(item, other, "{}[{}]".format(path, index)))
+            found.extend(missing(item, other, f"{path}[{index}]"))
         return found
     # A quantity or port sent as a number may come back as a string, and vice versa.
     same = sent == live or (not isinstance(sent, bool) and str(sent) == str(live))
