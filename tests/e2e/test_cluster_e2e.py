@@ -196,6 +196,38 @@ def test_api_server_gone_node_work_goes_on_and_the_next_cycle_finishes_it(
     assert "cluster side: converged" in cluster.runner("status").stdout
 
 
+def test_a_node_failing_a_stage_loses_its_deploy_labels_and_gets_them_back(
+    cluster: Cluster,
+) -> None:
+    """The CDI spec replaced by a directory: the toolkit stage cannot write it, so
+    validation and the device plugin stage are not reached on the node; its Node's
+    deploy labels say so and the device plugin leaves it, until it is healthy again."""
+    spec = "/etc/cdi/nvidia.yaml"
+    cluster.on_node(GPU_NODE, "sh", "-c", f"rm -f {spec} && mkdir {spec}")
+    result = cluster.reconcile()
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert f"{GPU_NODE}: failed" in result.stdout, result.stdout
+    labels = cluster.labels(GPU_NODE)
+    assert labels["nvidia.com/gpu.deploy.container-toolkit"] == "false"
+    assert labels["nvidia.com/gpu.deploy.operator-validator"] == "false"
+    assert labels["nvidia.com/gpu.deploy.device-plugin"] == "false"
+    assert labels["nvidia.com/gpu.deploy.driver"] == "true", "the driver still passes"
+    ds = cluster.get("daemonset", "-n", NAMESPACE, "nvidia-device-plugin")
+    assert ds["status"]["desiredNumberScheduled"] == 0, "the device plugin left the node"
+    cluster.on_node(GPU_NODE, "rmdir", spec)
+    result = cluster.reconcile()
+    assert result.returncode == 0, result.stdout + result.stderr
+    labels = cluster.labels(GPU_NODE)
+    assert labels["nvidia.com/gpu.deploy.device-plugin"] == "true"
+    assert labels["nvidia.com/gpu.deploy.operator-validator"] == "true"
+    waited = cluster.kubectl(
+        "rollout", "status", "-n", NAMESPACE, "daemonset/nvidia-device-plugin", "--timeout=60s"
+    )
+    assert waited.returncode == 0, waited.stderr
+    ds = cluster.get("daemonset", "-n", NAMESPACE, "nvidia-device-plugin")
+    assert ds["status"]["numberReady"] == 1
+
+
 WORKLOAD = """
 apiVersion: v1
 kind: Namespace
