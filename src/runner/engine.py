@@ -207,6 +207,11 @@ class EventCollector:
         # ansible-runner's verdict on the whole run, once it has ended.
         self.status = "running"
         self._progress = progress
+        # Failed tasks of a stage whose outcome has not been published yet: a stage
+        # role rescues its own failures and says in its outcome what they mean (in
+        # check mode, "unverified" where an earlier stage's predicted change would
+        # make the check pass). They count only if no outcome follows (finish()).
+        self._unanswered: dict[tuple[str, str], list[str]] = {}
 
     def _host(self, name: str) -> HostRun:
         return self.hosts.setdefault(name, HostRun(host=name))
@@ -234,7 +239,11 @@ class EventCollector:
         if kind == "runner_on_failed":
             if not data.get("ignore_errors") and data.get("play") not in _FLEET_PLAYS:
                 where = f"{role}: " if role else ""
-                run.failures.append(f"{where}{task}: {res.get('msg', 'failed')}")
+                failure = f"{where}{task}: {res.get('msg', 'failed')}"
+                if role in STAGES and role not in run.stages:
+                    self._unanswered.setdefault((host, role), []).append(failure)
+                else:
+                    run.failures.append(failure)
                 self._say(host, f"failed: {where}{task}")
             return True
         if task == PROBE_TASK:
@@ -251,6 +260,7 @@ class EventCollector:
             outcome = (res.get("ansible_facts") or {}).get(f"{stage}_stage")
             if isinstance(outcome, Mapping):
                 run.stages[stage] = dict(outcome)
+                self._unanswered.pop((host, stage), None)
                 self._say(host, f"{stage}: {outcome.get('status')}")
         if res.get("changed") and role:
             text = _diff_text(res)
@@ -258,6 +268,14 @@ class EventCollector:
                 text = res["msg"]  # a role's prediction, said in words (check mode)
             run.changes.append(Change(role, task, text))
         return True
+
+    def finish(self, status: str) -> None:
+        """The run ended with ansible-runner's `status`: failures no stage outcome
+        answered (a role that stopped before publishing one) count as they are."""
+        self.status = status
+        for (host, _role), failures in sorted(self._unanswered.items()):
+            self._host(host).failures.extend(failures)
+        self._unanswered.clear()
 
     def _say(self, host: str, text: str) -> None:
         if self._progress is not None:
@@ -376,7 +394,7 @@ class AnsibleEngine:
             cancel_callback=self.cancel,
             suppress_env_files=True,
         )
-        collector.status = runner.status
+        collector.finish(runner.status)
         if runner.status in ("failed", "successful", "canceled"):
             return collector
         output = runner.stdout.read() if runner.stdout else ""

@@ -15,6 +15,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -215,6 +216,7 @@ def test_a_node_failing_a_stage_loses_its_deploy_labels_and_gets_them_back(
     ds = cluster.get("daemonset", "-n", NAMESPACE, "nvidia-device-plugin")
     assert ds["status"]["desiredNumberScheduled"] == 0, "the device plugin left the node"
     cluster.on_node(GPU_NODE, "rmdir", spec)
+    time.sleep(2)  # the failed host's backoff (1 s here) runs out
     result = cluster.reconcile()
     assert result.returncode == 0, result.stdout + result.stderr
     labels = cluster.labels(GPU_NODE)

@@ -99,3 +99,32 @@ def test_the_cluster_probe_and_a_node_action_are_read_from_their_events():
     assert cluster.recorded
     assert [(d["component"], d["host"]) for d in cluster.drift] == [("cluster", "a")]
     assert collector.hosts["a"].action_changed is False, "the node was cordoned already"
+
+
+def _failed(task: str, role: str, msg: str) -> dict:
+    data = {"host": "a", "role": role, "task": task, "task_action": "command", "res": {"msg": msg}}
+    return {"event": "runner_on_failed", "event_data": data}
+
+
+def test_a_stage_failure_its_outcome_answers_is_judged_by_the_outcome():
+    """A check of the validator fails in check mode because the toolkit's spec is not
+    written yet: the stage rescues it and says "unverified"; the plan is no failure."""
+    collector = EventCollector()
+    collector(_failed("Check that the CDI spec lists every GPU", "validator", "rc 1"))
+    outcome = {"status": "unverified", "reason": "Check that the CDI spec lists every GPU"}
+    publish = _ok(
+        "Publish", "ansible.builtin.set_fact", {"ansible_facts": {"validator_stage": outcome}}
+    )
+    publish["event_data"]["role"] = "validator"
+    collector(publish)
+    collector(_failed("Apply the objects", "k8s_manifests", "connection refused"))
+    collector.finish("failed")
+    assert collector.hosts["a"].failures == ["k8s_manifests: Apply the objects: connection refused"]
+
+
+def test_a_stage_that_stopped_before_its_outcome_is_a_failure():
+    collector = EventCollector()
+    collector(_failed("Install the driver packages", "driver", "no such version"))
+    collector.finish("failed")
+    assert collector.hosts["a"].failures == ["driver: Install the driver packages: no such version"]
+    assert not collector.hosts["a"].succeeded
