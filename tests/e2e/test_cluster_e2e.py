@@ -53,9 +53,10 @@ class Cluster:
     def reconcile(self) -> subprocess.CompletedProcess[str]:
         return self.runner("reconcile", "--once", "--backoff-base", "1", "--backoff-cap", "1")
 
-    def kubectl(self, *args: str) -> subprocess.CompletedProcess[str]:
+    def kubectl(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [str(self._kubectl), f"--kubeconfig={self.kubeconfig}", *args],
+            input=stdin,
             capture_output=True,
             text=True,
             timeout=120,
@@ -259,13 +260,7 @@ spec:
 def test_a_driver_rollout_blocked_by_a_budget_waits_cordoned_then_ends_uncordoned(
     cluster: Cluster,
 ) -> None:
-    applied = subprocess.run(
-        [str(cluster._kubectl), f"--kubeconfig={cluster.kubeconfig}", "apply", "-f", "-"],
-        input=WORKLOAD % {"node": GPU_NODE},
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    applied = cluster.kubectl("apply", "-f", "-", stdin=WORKLOAD % {"node": GPU_NODE})
     assert applied.returncode == 0, applied.stderr
     waited = cluster.kubectl(
         "wait", "-n", "e2e-ml", "--for=condition=Ready", "pod", "-l", "app=train", "--timeout=60s"

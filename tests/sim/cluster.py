@@ -23,6 +23,7 @@ import datetime
 import ipaddress
 import json
 import os
+import shutil
 import signal
 import ssl
 import subprocess
@@ -167,15 +168,24 @@ def _pki(directory: Path) -> None:
 
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = name("gpufleet-test-cluster-ca")
+
+    def certificate(
+        subject: x509.Name, key: ec.EllipticCurvePrivateKey, ca: bool
+    ) -> x509.CertificateBuilder:
+        """Signed by the cluster's CA, valid for 30 days."""
+        return (
+            x509.CertificateBuilder()
+            .subject_name(subject)
+            .issuer_name(ca_name)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=30))
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        )
+
     ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=30))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        certificate(ca_name, ca_key, ca=True)
         .add_extension(
             x509.KeyUsage(
                 digital_signature=True,
@@ -199,16 +209,8 @@ def _pki(directory: Path) -> None:
         stem: str, subject: x509.Name, usage: x509.ObjectIdentifier, sans: list[x509.GeneralName]
     ) -> None:
         key = ec.generate_private_key(ec.SECP256R1())
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(subject)
-            .issuer_name(ca_name)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=30))
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        builder = certificate(subject, key, ca=False).add_extension(
+            x509.ExtendedKeyUsage([usage]), critical=False
         )
         if sans:
             builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
@@ -293,6 +295,21 @@ def _kubeconfig(path: Path, pki: Path, user: str) -> None:
 # --- processes --------------------------------------------------------------------
 
 
+def _serving(name: str, port: int) -> list[str]:
+    """What the controller manager and the scheduler share: 127.0.0.1 only, and one
+    kubeconfig (their own identity) for the API and for checking their callers."""
+    kubeconfig = CLUSTER_DIR / f"{name}.kubeconfig"
+    return [
+        "--bind-address=127.0.0.1",
+        f"--secure-port={port}",
+        f"--kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        "--leader-elect=false",
+        f"--cert-dir={CLUSTER_DIR / (name + '-certs')}",
+    ]
+
+
 def components(bin_dir: Path) -> list[Component]:
     d, pki = CLUSTER_DIR, CLUSTER_DIR / "pki"
     return [
@@ -335,18 +352,12 @@ def components(bin_dir: Path) -> list[Component]:
             "kube-controller-manager",
             [
                 str(bin_dir / "kube-controller-manager"),
-                "--bind-address=127.0.0.1",
-                f"--secure-port={CONTROLLER_MANAGER_PORT}",
-                f"--kubeconfig={d / 'kube-controller-manager.kubeconfig'}",
-                f"--authentication-kubeconfig={d / 'kube-controller-manager.kubeconfig'}",
-                f"--authorization-kubeconfig={d / 'kube-controller-manager.kubeconfig'}",
+                *_serving("kube-controller-manager", CONTROLLER_MANAGER_PORT),
                 f"--service-account-private-key-file={pki / 'sa.key'}",
                 f"--root-ca-file={pki / 'ca.crt'}",
                 f"--cluster-signing-cert-file={pki / 'ca.crt'}",
                 f"--cluster-signing-key-file={pki / 'ca.key'}",
                 "--use-service-account-credentials=true",
-                "--leader-elect=false",
-                f"--cert-dir={d / 'controller-manager-certs'}",
             ],
             f"https://127.0.0.1:{CONTROLLER_MANAGER_PORT}/healthz",
         ),
@@ -354,13 +365,7 @@ def components(bin_dir: Path) -> list[Component]:
             "kube-scheduler",
             [
                 str(bin_dir / "kube-scheduler"),
-                "--bind-address=127.0.0.1",
-                f"--secure-port={SCHEDULER_PORT}",
-                f"--kubeconfig={d / 'kube-scheduler.kubeconfig'}",
-                f"--authentication-kubeconfig={d / 'kube-scheduler.kubeconfig'}",
-                f"--authorization-kubeconfig={d / 'kube-scheduler.kubeconfig'}",
-                "--leader-elect=false",
-                f"--cert-dir={d / 'scheduler-certs'}",
+                *_serving("kube-scheduler", SCHEDULER_PORT),
             ],
             f"https://127.0.0.1:{SCHEDULER_PORT}/healthz",
         ),
@@ -542,18 +547,8 @@ def down() -> list[str]:
         if _running_pid(name) == pid:
             os.kill(pid, signal.SIGKILL)
         stopped.append(name)
-    if CLUSTER_DIR.exists():
-        subprocess.run(["rm", "-rf", str(CLUSTER_DIR)], check=True)
+    shutil.rmtree(CLUSTER_DIR, ignore_errors=True)
     return stopped
-
-
-def status() -> dict[str, object]:
-    result: dict[str, object] = {}
-    for component in components(Path("/nonexistent")):
-        pid = _running_pid(component.name)
-        healthy = pid is not None and (not component.health or _healthy(component.health))
-        result[component.name] = {"pid": pid, "healthy": healthy}
-    return result
 
 
 def main(argv: Sequence[str] | None = None) -> int:
