@@ -90,7 +90,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     )
     (inventory / "group_vars").symlink_to(PROJECT / "inventories" / "sim" / "group_vars")
     started = not (PROJECT / ".cache" / "cluster" / "pids" / "kube-apiserver.pid").exists()
-    up = subprocess.run([*FLEET, "cluster"], check=True, capture_output=True, text=True)
+    # (stderr not captured: if the control plane does not start, its reason is shown)
+    up = subprocess.run([*FLEET, "cluster"], check=True, stdout=subprocess.PIPE, text=True)
     kubeconfig = Path(up.stdout.strip().splitlines()[-1])
     built = subprocess.run(
         ["bash", str(PROJECT / "tests" / "sim" / "controlplane" / "build.sh")],
