@@ -41,6 +41,7 @@ SIM_DIR = Path(__file__).resolve().parent
 PROJECT = SIM_DIR.parent.parent
 KIT_DIR = SIM_DIR / "kit"
 IMAGE_RECIPE = SIM_DIR / "image" / "build-rootfs.sh"
+NVML_DIR = SIM_DIR / "nvml"
 REPO_DIR = SIM_DIR / "repo"
 CACHE = Path(os.environ.get("GPUFLEET_CACHE", PROJECT / ".cache"))
 IMAGE_NAME = "localhost/gpufleet-node"
@@ -105,7 +106,13 @@ def tree_hash(paths: Iterable[Path]) -> str:
 
 
 def image_tag() -> str:
-    return f"{IMAGE_NAME}:{tree_hash([IMAGE_RECIPE, KIT_DIR])}"
+    return f"{IMAGE_NAME}:{tree_hash([IMAGE_RECIPE, KIT_DIR, NVML_DIR])}"
+
+
+def build_mock_nvml() -> Path:
+    """The mock libnvidia-ml.so.1 (tests/sim/nvml/build.sh; cached outside the clone)."""
+    built = _run(["bash", str(NVML_DIR / "build.sh")])
+    return Path(built.stdout.strip().splitlines()[-1])
 
 
 def build_image(mirror: str) -> str:
@@ -113,13 +120,14 @@ def build_image(mirror: str) -> str:
     if podman("image", "exists", tag, check=False).returncode == 0:
         return tag
     print(f"building image {tag} (debootstrap from {mirror}; about a minute)", file=sys.stderr)
+    mock_nvml = build_mock_nvml()
     CACHE.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=CACHE, prefix="rootfs-") as work:
         rootfs = Path(work) / "rootfs"
         log = CACHE / "image-build.log"
         with log.open("w") as handle:
             built = subprocess.run(
-                ["bash", str(IMAGE_RECIPE), str(rootfs), str(KIT_DIR), mirror],
+                ["bash", str(IMAGE_RECIPE), str(rootfs), str(KIT_DIR), mirror, str(mock_nvml)],
                 stdout=handle,
                 stderr=subprocess.STDOUT,
                 check=False,

@@ -5,12 +5,137 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 PROJECT = Path(__file__).resolve().parents[2]
 for path in (PROJECT / "collections", PROJECT / "tests" / "sim" / "kit", PROJECT / "tests" / "sim"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
 FIXTURES = Path(__file__).parent / "fixtures"
+PROFILE_DIR = PROJECT / "tests" / "sim" / "kit" / "profiles"
+
+
+def _node_state(root: Path) -> dict[str, object]:
+    """The kit's paths for a simulated node whose state lives under `root`."""
+    return {
+        "MARKER": root / "gpusim-node",
+        "HOME": PROJECT / "tests" / "sim" / "kit",
+        "PROFILE_DIR": PROFILE_DIR,
+        "RUN": root / "run",
+        "SYS": root / "run" / "sys",
+        "DEV": root / "dev",
+        "LIBNVML_LINK": str(root / "lib/libnvidia-ml.so.1"),
+        "DIVERTED": {str(root / "lib/libnvidia-ml.so.1"): "lib/libnvidia-ml.so.1"},
+        "PREINSTALLED_FILES": {str(root / "bin/nvidia-smi"): "preinstalled/nvidia-smi"},
+        "_write_profile_from_environment": lambda: None,
+    }
+
+
+def _installed(driver):
+    """installed_driver() for a node with `driver` (else its profile's pre-installed one)."""
+    from gpusim import node
+
+    def installed_driver(prof):
+        if driver:
+            return driver
+        if prof.preinstalled_driver:
+            return node.InstalledDriver(
+                prof.preinstalled_driver, prof.preinstalled_module_type, "preinstalled"
+            )
+        return None
+
+    return installed_driver
+
+
+@pytest.fixture
+def sim_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A simulated node's state directories in tmp_path; nothing on the host is touched.
+
+    Call it with a profile name (and the driver installed, if any) to boot the node.
+    """
+    from gpusim import node
+
+    for name, value in _node_state(tmp_path).items():
+        monkeypatch.setattr(node, name, value)
+    (tmp_path / "gpusim-node").write_text("test\n")
+    monkeypatch.setattr(node, "nouveau_blacklisted", lambda: False)
+    monkeypatch.setenv("GPUSIM_NODE_NAME", "unit-node")
+
+    def boot(profile: str, installed: node.InstalledDriver | None = None):
+        (tmp_path / "run").mkdir(exist_ok=True)
+        (tmp_path / "run" / "profile").write_text(profile)
+        monkeypatch.setattr(node, "installed_driver", _installed(installed))
+        return node.boot()
+
+    boot.tmp = tmp_path  # type: ignore[attr-defined]
+    return boot
+
+
+NVIDIA_SMI = PROJECT / ".cache" / "consumers" / "usr" / "lib" / "nvidia" / "current" / "nvidia-smi"
+
+
+def mock_nvml_library() -> Path:
+    """The mock NVML, built (or found in its cache) by tests/sim/nvml/build.sh."""
+    import subprocess
+
+    built = subprocess.run(
+        ["bash", str(PROJECT / "tests" / "sim" / "nvml" / "build.sh")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert built.returncode == 0, built.stderr
+    return Path(built.stdout.strip())
+
+
+def real_smi_outputs(profile: str, node_name: str, driver_version: str = "535.261.03"):
+    """What Debian's nvidia-smi prints for gpu_facts on a booted node of `profile`.
+
+    Returns (query CSV, `-q -x` XML), both from the real binary on the mock NVML.
+    """
+    import os
+    import subprocess
+    import tempfile
+    from unittest import mock
+
+    from gpusim import node
+
+    assert NVIDIA_SMI.is_file(), "run tests/tools/consumers.sh (make unit does)"
+    from ansible_collections.gpufleet.nvidia.plugins.module_utils import smi
+
+    library = mock_nvml_library()
+    driver = node.InstalledDriver(driver_version, "proprietary", "package:nvidia-kernel-dkms")
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        (root / "gpusim-node").write_text("test\n")
+        (root / "run").mkdir()
+        (root / "run" / "profile").write_text(profile)
+        patches = {
+            **_node_state(root),
+            "installed_driver": _installed(driver),
+            "nouveau_blacklisted": lambda: True,
+        }
+        with (
+            mock.patch.multiple(node, **patches),
+            mock.patch.dict(os.environ, {"GPUSIM_NODE_NAME": node_name}),
+        ):
+            node.boot()
+            (root / "run" / "nvml" / "library-version").write_text(driver_version + "\n")
+        env = dict(
+            os.environ,
+            LD_LIBRARY_PATH=str(library.parent),
+            GPUSIM_RUN=str(root / "run"),
+            GPUSIM_DEV=str(root / "dev"),
+        )
+        outputs = []
+        for args in (smi.query_args(), ["-q", "-x"]):
+            result = subprocess.run(
+                [str(NVIDIA_SMI), *args], capture_output=True, text=True, env=env, check=False
+            )
+            assert result.returncode == 0, result.stdout + result.stderr
+            outputs.append(result.stdout)
+    return outputs[0], outputs[1]
 
 
 def run_ansible(command: str, *args: str) -> tuple[int, dict]:

@@ -1,22 +1,17 @@
-"""The simulation kit: profiles, the simulated nvidia-smi, and module state."""
+"""The simulation kit: profiles, the simulated sysfs, modules and their device files.
+
+What NVML and nvidia-smi make of a simulated node is in test_mock_nvml.py.
+"""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import discovery, pci
-from ansible_collections.gpufleet.nvidia.plugins.module_utils import smi as smi_parse
-from conftest import PROJECT
-from gpusim import node, profiles, smi
+from conftest import PROFILE_DIR
+from gpusim import node, profiles
 
-PROFILE_DIR = PROJECT / "tests" / "sim" / "kit" / "profiles"
 REQUIRED_PROFILES = {"h100-sxm-8", "a100-pcie-2", "t4-1", "a100-mig", "none"}
-
-
-def _driver(version: str = "535.261.03") -> smi.DriverView:
-    return smi.DriverView(version=version, cuda_version="12.2", persistence=True)
 
 
 def test_every_required_profile_exists_and_loads():
@@ -44,96 +39,6 @@ def test_identities_are_stable_per_node_and_distinct_across_nodes():
 def test_unknown_profile_names_the_known_ones():
     with pytest.raises(profiles.ProfileError, match=r"unknown GPU profile 'h200'.*t4-1"):
         profiles.load(PROFILE_DIR, "h200", "node-a")
-
-
-def test_without_a_loaded_driver_nvidia_smi_fails_like_the_real_one():
-    prof = profiles.load(PROFILE_DIR, "t4-1", "n")
-    out, _, rc = smi.run(["-L"], prof, None)
-    assert rc == 9
-    assert out.startswith(
-        "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."
-    )
-
-
-def test_list_gpus_shows_mig_devices():
-    prof = profiles.load(PROFILE_DIR, "a100-mig", "n")
-    out, _, rc = smi.run(["-L"], prof, _driver())
-    lines = out.splitlines()
-    assert rc == 0
-    assert lines[0].startswith("GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-")
-    assert lines[1].startswith("  MIG 3g.20gb     Device  0: (UUID: MIG-")
-    assert sum(1 for line in lines if "MIG 1g.5gb" in line) == 7
-
-
-def test_csv_header_and_units_follow_the_format_options():
-    prof = profiles.load(PROFILE_DIR, "t4-1", "n")
-    out, _, rc = smi.run(["--query-gpu=name,memory.total", "--format=csv"], prof, _driver())
-    assert rc == 0
-    assert out.splitlines() == ["name, memory.total [MiB]", "Tesla T4, 15360 MiB"]
-    out, _, _ = smi.run(
-        ["--query-gpu=name,memory.total", "--format=csv,noheader,nounits"], prof, _driver()
-    )
-    assert out.splitlines() == ["Tesla T4, 15360"]
-
-
-def test_unknown_field_is_rejected():
-    prof = profiles.load(PROFILE_DIR, "t4-1", "n")
-    out, _, rc = smi.run(["--query-gpu=name,bogus", "--format=csv"], prof, _driver())
-    assert rc == 2 and 'Field "bogus" is not a valid field to query.' in out
-
-
-def test_gpu_facts_parsers_read_the_simulated_outputs():
-    """The simulated tool and the production parsers agree on the formats."""
-    prof = profiles.load(PROFILE_DIR, "a100-mig", "n")
-    out, _, _ = smi.run(smi_parse.query_args(), prof, _driver())
-    rows = smi_parse.parse_query_csv(out)
-    assert [r["mig.mode.current"] for r in rows] == [True, True]
-    xml, _, _ = smi.run(["-q", "-x"], prof, _driver())
-    facts = smi_parse.parse_query_xml(xml)
-    assert [len(g["mig_devices"]) for g in facts["gpus"]] == [2, 7]
-    assert facts["driver_version"] == "535.261.03"
-
-
-@pytest.fixture
-def sim_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """A simulated node's state directories in tmp_path; nothing on the host is touched."""
-    marker = tmp_path / "gpusim-node"
-    marker.write_text("test\n")
-    monkeypatch.setattr(node, "MARKER", marker)
-    monkeypatch.setattr(node, "HOME", PROJECT / "tests" / "sim" / "kit")
-    monkeypatch.setattr(node, "PROFILE_DIR", PROFILE_DIR)
-    monkeypatch.setattr(node, "RUN", tmp_path / "run")
-    monkeypatch.setattr(node, "SYS", tmp_path / "run" / "sys")
-    monkeypatch.setattr(node, "DIVERTED", {str(tmp_path / "lib/nvidia-smi"): "nvidia-smi"})
-    monkeypatch.setattr(
-        node, "PREINSTALLED_BINARIES", {str(tmp_path / "bin/nvidia-smi"): "nvidia-smi"}
-    )
-    monkeypatch.setattr(node, "nouveau_blacklisted", lambda: False)
-    monkeypatch.setattr(node, "_service_active", lambda unit: False)
-    monkeypatch.setattr(node, "_write_profile_from_environment", lambda: None)
-    monkeypatch.setenv("GPUSIM_NODE_NAME", "unit-node")
-
-    def boot(profile: str, installed: node.InstalledDriver | None = None):
-        (tmp_path / "run").mkdir(exist_ok=True)
-        (tmp_path / "run" / "profile").write_text(profile)
-        monkeypatch.setattr(
-            node,
-            "installed_driver",
-            lambda prof: (
-                installed
-                or (
-                    node.InstalledDriver(
-                        prof.preinstalled_driver, prof.preinstalled_module_type, "preinstalled"
-                    )
-                    if prof.preinstalled_driver
-                    else None
-                )
-            ),
-        )
-        return node.boot()
-
-    boot.tmp = tmp_path  # type: ignore[attr-defined]
-    return boot
 
 
 def test_boot_lays_out_a_pci_tree_that_gpu_facts_reads(sim_node):
@@ -198,3 +103,38 @@ def test_kit_refuses_to_run_on_a_host_without_the_marker(tmp_path, monkeypatch):
     monkeypatch.setattr(node, "MARKER", tmp_path / "absent")
     with pytest.raises(node.NotASimulatedNode, match="refusing to run"):
         node.require_simulated_node()
+
+
+def test_device_files_appear_and_vanish_with_their_modules(sim_node, monkeypatch):
+    monkeypatch.setattr(node, "nouveau_blacklisted", lambda: True)
+    sim_node("a100-mig", node.InstalledDriver("535.261.03", "proprietary", "package:x"))
+    dev = node.DEV
+    assert sorted(p.name for p in dev.iterdir() if p.is_char_device()) == [
+        "nvidia0",
+        "nvidia1",
+        "nvidiactl",
+    ]
+    assert sorted(p.name for p in (dev / "nvidia-caps").iterdir()) == [
+        "nvidia-cap1",
+        "nvidia-cap2",
+    ]
+    node.load_module("nvidia-uvm")
+    assert (dev / "nvidia-uvm").is_char_device() and (dev / "nvidia-uvm-tools").exists()
+    # The kernel refuses to unload a module another one uses: dependants go first.
+    with pytest.raises(node.ModuleError, match="Module nvidia is in use"):
+        node.unload_module("nvidia")
+    node.unload_module("nvidia_uvm")
+    node.unload_module("nvidia")
+    assert list(dev.iterdir()) == []
+
+
+def test_a_process_holding_a_gpu_keeps_the_module_loaded(sim_node, monkeypatch):
+    monkeypatch.setattr(node, "nouveau_blacklisted", lambda: True)
+    sim_node("t4-1", node.InstalledDriver("535.261.03", "proprietary", "package:x"))
+    with (
+        (node.DEV / "nvidia0").open("rb"),
+        pytest.raises(node.ModuleError, match="Module nvidia is in use"),
+    ):
+        node.unload_module("nvidia")
+    node.unload_module("nvidia")
+    assert not node.loaded("nvidia")

@@ -4,6 +4,8 @@ input refused before anything is built."""
 
 from __future__ import annotations
 
+import copy
+import functools
 import re
 
 import kubernetes_validate
@@ -12,10 +14,9 @@ import yaml
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpufleet.nvidia.plugins.filter import k8s
-from ansible_collections.gpufleet.nvidia.plugins.module_utils import discovery, pci
-from ansible_collections.gpufleet.nvidia.plugins.module_utils import smi as smi_parse
-from conftest import PROJECT
-from gpusim import profiles, smi
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import discovery, pci, smi
+from conftest import PROJECT, real_smi_outputs
+from gpusim import profiles
 
 PROFILE_DIR = PROJECT / "tests" / "sim" / "kit" / "profiles"
 KUBERNETES_VERSIONS = ("1.29.0", "1.30.0", "1.31.0", "1.32.0", "1.33.0")
@@ -23,19 +24,36 @@ READY = {"status": "ready"}
 
 
 def profile_facts(name: str) -> dict:
-    """gpu_facts' facts for a node of this profile with the 535 driver loaded."""
+    """gpu_facts' facts for a node of this profile with the 535 driver loaded: read by its
+    parsers from Debian's nvidia-smi running on the mock NVML (a copy: tests edit it)."""
+    return copy.deepcopy(_profile_facts(name))
+
+
+@functools.cache
+def _profile_facts(name: str) -> dict:
     prof = profiles.load(PROFILE_DIR, name, f"node-{name}")
     devices = [
         pci.PciDevice(g.sysfs_name, 0x10DE, g.device_id, g.pci_class, g.numa_node, "nvidia")
         for g in prof.gpus
     ]
-    driver_view = smi.DriverView(version="535.261.03", cuda_version="12.2", persistence=True)
     rows = xml = None
     if devices:
-        out, _, _ = smi.run(smi_parse.query_args(), prof, driver_view)
-        rows = smi_parse.parse_query_csv(out)
-        out, _, _ = smi.run(["-q", "-x"], prof, driver_view)
-        xml = smi_parse.parse_query_xml(out)
+        csv_out, xml_out = real_smi_outputs(name, f"node-{name}")
+        rows = smi.parse_query_csv(csv_out)
+        xml = smi.parse_query_xml(xml_out)
+        # The mock NVML does not serve MIG instances yet (the MIG issue): until it does,
+        # a MIG profile's instances are taken from its definition.
+        for gpu, facts in zip(prof.gpus, xml["gpus"], strict=True):
+            facts["mig_devices"] = [
+                {
+                    "index": mig.index,
+                    "gpu_instance_id": mig.index + 1,
+                    "compute_instance_id": 0,
+                    "memory_mib": mig.memory_mib,
+                    "multiprocessor_count": mig.sm_count,
+                }
+                for mig in gpu.mig
+            ]
     gpus = discovery.gpu_list(devices, rows, xml)
     driver = {"state": "loaded", "version": "535.261.03"} if devices else {"state": "absent"}
     return {

@@ -22,6 +22,24 @@ def test_node_was_rebooted_into_a_validated_driver(host):
     assert marker["IS_HOST_DRIVER"] == "true" and marker["NVIDIA_DRIVER_ROOT"] == "/"
 
 
+def test_nvidia_smi_is_debians_own_binary_on_the_mock_nvml(host):
+    """The real tool answers; only NVML underneath is simulated."""
+    binary = host.check_output('readlink -f "$(command -v nvidia-smi)"')
+    assert binary == "/usr/lib/nvidia/current/nvidia-smi"
+    assert host.check_output(f"dpkg -S {binary}").startswith("nvidia-smi: ")
+    library = host.check_output("readlink -f /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1")
+    assert library == "/opt/gpusim/lib/libnvidia-ml.so.1"
+    uuids = host.check_output("nvidia-smi --query-gpu=uuid --format=csv,noheader").splitlines()
+    assert [
+        line.split("(UUID: ")[1].rstrip(")")
+        for line in host.check_output("nvidia-smi -L").splitlines()
+    ] == uuids
+    # One device file per GPU, plus the control device and MIG's capabilities.
+    for path in ["/dev/nvidiactl", *(f"/dev/nvidia{i}" for i in range(8))]:
+        assert host.run(f"test -c {path}").rc == 0, path
+    assert host.file("/dev/nvidia-caps/nvidia-cap1").exists
+
+
 def test_only_the_fabric_manager_comes_from_the_cuda_repository(host):
     # The stand-in CUDA repository offers a 580 nvidia-kernel-dkms; Debian's 535 wins.
     policy = host.check_output("apt-cache policy nvidia-kernel-dkms")
@@ -37,3 +55,6 @@ def test_persistence_daemon_and_fabric_manager_run(host):
     assert "nvidia-fabricmanager-535" in held(host)
     modes = host.check_output("nvidia-smi --query-gpu=persistence_mode --format=csv,noheader")
     assert set(modes.splitlines()) == {"Enabled"}
+    # Both hold the GPUs, so the module cannot go while they run.
+    unload = host.run("modprobe -r nvidia")
+    assert unload.rc == 1 and "Module nvidia is in use" in unload.stderr

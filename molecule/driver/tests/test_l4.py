@@ -20,3 +20,6 @@ def test_preinstalled_driver_still_answers_and_is_marked_ready(host):
     out = host.check_output("nvidia-smi --query-gpu=driver_version --format=csv,noheader")
     assert out == "550.127.05"
     assert host.file(READY).exists
+    # What NVIDIA's installer puts in place: its nvidia-smi and libnvidia-ml.so.1.
+    assert host.file("/usr/bin/nvidia-smi").exists
+    assert host.run("dpkg -S /usr/bin/nvidia-smi").rc == 1  # no package owns it

@@ -114,3 +114,41 @@ def test_kernel_module_type_switch_swaps_the_module_package(host):
     assert "nvidia-open-kernel-dkms" in held(host)
     assert "nvidia-kernel-dkms" not in held(host)
     assert host.service("nvidia-persistenced").is_running
+
+
+def test_an_unknown_gpu_holder_keeps_the_old_module_in_the_kernels_words(host):
+    """A driver swap while a process gpufleet does not know holds /dev/nvidia0.
+
+    The role stops the GPU services it knows; the unknown holder keeps the module
+    loaded, so the swap waits for a reboot (what the role should do about such a
+    holder is the reliability issue's). Last in this file: it reboots the node.
+    """
+    name = host.backend.get_hostname()
+    host.check_output(
+        "systemd-run --unit=gpufleet-test-holder -p StandardInput=file:/dev/nvidia0 sleep 600"
+    )
+    try:
+        run = converge(["--limit", name, "-e", "driver_version=535.309.01"])
+        unload = [
+            task["hosts"][name]
+            for play in run["plays"]
+            for task in play["tasks"]
+            if task["task"]["name"].endswith("Unload the old driver's modules")
+            and name in task["hosts"]
+        ]
+        assert unload and unload[0]["rc"] == 1
+        assert "Module nvidia is in use" in unload[0]["stderr"]
+        assert host.service("gpufleet-test-holder").is_running
+        result = stage_of(run, name)
+        assert result["status"] == "reboot-required"
+        # The new library is installed, the old module still loaded: NVML refuses.
+        smi = host.run("nvidia-smi -L")
+        assert smi.rc != 0 and "Driver/library version mismatch" in smi.stdout + smi.stderr
+    finally:
+        host.run("systemctl stop gpufleet-test-holder")
+    subprocess.run(["podman", "restart", "-t", "5", name], check=True, capture_output=True)
+    for _ in range(60):
+        if host.run("systemctl is-system-running").stdout.strip() in ("running", "degraded"):
+            break
+        time.sleep(1)
+    assert _loaded(host) == "535.309.01"

@@ -4,10 +4,12 @@
 # tags the result with a hash of this file and the kit, so a change to either
 # rebuilds the image and nothing else does.
 #
-#   build-rootfs.sh ROOTFS_DIR KIT_DIR MIRROR
+#   build-rootfs.sh ROOTFS_DIR KIT_DIR MIRROR MOCK_NVML
+#
+# MOCK_NVML is the mock libnvidia-ml.so.1 built by tests/sim/nvml/build.sh.
 set -euo pipefail
 
-rootfs=$1 kit=$2 mirror=$3
+rootfs=$1 kit=$2 mirror=$3 mock_nvml=$4
 
 packages=(
   systemd systemd-sysv dbus          # a real init, so services really start and stop
@@ -42,9 +44,10 @@ ln -sf /lib/systemd/system/multi-user.target "$rootfs/etc/systemd/system/default
 mkdir -p "$rootfs/opt/gpusim"
 cp -a "$kit/." "$rootfs/opt/gpusim/"
 find "$rootfs/opt/gpusim" -name __pycache__ -prune -exec rm -rf {} +
+install -D -m 0755 "$mock_nvml" "$rootfs/opt/gpusim/lib/libnvidia-ml.so.1"
 cat > "$rootfs/etc/gpusim-node" <<MARKER
 This is a SIMULATED gpufleet GPU node (a podman container built by tests/sim).
-Its PCI devices, kernel modules and nvidia-smi answers are simulated by /opt/gpusim.
+Its PCI devices, kernel modules and NVML library are simulated by /opt/gpusim.
 Nothing here is real GPU hardware.
 MARKER
 install -m 0644 "$kit/systemd/gpusim-boot.service" "$rootfs/etc/systemd/system/"
@@ -53,13 +56,24 @@ ln -sf /etc/systemd/system/gpusim-boot.service \
 ln -sf /opt/gpusim/bin/modprobe "$rootfs/usr/local/sbin/modprobe"
 ln -sf /opt/gpusim/bin/rmmod "$rootfs/usr/local/sbin/rmmod"
 
-# Move the genuine driver binaries aside when a package installs them, so the
-# simulated ones can answer once the simulated module is loaded; gpusim keeps the
-# links in step after every dpkg run.
+# Move aside what the driver packages install that needs the driver itself: the
+# NVML library (the mock answers in its place, so Debian's nvidia-smi and every
+# other NVML program run on the simulated GPUs) and the persistence daemon. gpusim
+# keeps the replacements in step after every dpkg run.
 chroot "$rootfs" dpkg-divert --local --rename \
-  --divert /usr/lib/nvidia/current/nvidia-smi.gpusim-real --add /usr/lib/nvidia/current/nvidia-smi
+  --divert /usr/lib/x86_64-linux-gnu/nvidia/current/libnvidia-ml.so.1.gpusim-real \
+  --add /usr/lib/x86_64-linux-gnu/nvidia/current/libnvidia-ml.so.1
 chroot "$rootfs" dpkg-divert --local --rename \
   --divert /usr/bin/nvidia-persistenced.gpusim-real --add /usr/bin/nvidia-persistenced
+
+# A profile with a driver installed outside any package (NVIDIA's .run installer)
+# gets NVIDIA's nvidia-smi at /usr/bin: Debian's build of it, kept in the kit.
+echo "deb $mirror bookworm non-free" > "$rootfs/etc/apt/sources.list.d/gpusim-non-free.list"
+chroot "$rootfs" apt-get update -q
+chroot "$rootfs" sh -c 'cd /tmp && apt-get download -q nvidia-smi && dpkg-deb -x nvidia-smi_*.deb /tmp/nvidia-smi-deb'
+install -D -m 0755 "$rootfs/tmp/nvidia-smi-deb/usr/lib/nvidia/current/nvidia-smi" \
+  "$rootfs/opt/gpusim/preinstalled/nvidia-smi"
+rm -rf "$rootfs"/tmp/nvidia-smi* "$rootfs/etc/apt/sources.list.d/gpusim-non-free.list"
 echo 'post-invoke=test ! -x /opt/gpusim/bin/gpusim || /opt/gpusim/bin/gpusim sync' \
   > "$rootfs/etc/dpkg/dpkg.cfg.d/gpusim"
 

@@ -1,7 +1,8 @@
 """Entry points of the simulation kit, chosen by the name a program is called by.
 
-/opt/gpusim/bin holds one launcher per name: gpusim, nvidia-smi, modprobe, rmmod and
+/opt/gpusim/bin holds one launcher per name: gpusim, modprobe, rmmod and
 nvidia-persistenced. Each refuses to run on a host that is not a simulated node.
+(nvidia-smi is Debian's own, running on the mock NVML: tests/sim/nvml.)
 """
 
 from __future__ import annotations
@@ -16,34 +17,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import node, profiles, smi
+from . import node, profiles
 
 REAL_MODPROBE = "/usr/sbin/modprobe"
-
-
-def _driver_view(prof: profiles.Profile) -> smi.DriverView | None:
-    loaded = node.loaded_driver()
-    if loaded is None:
-        return None
-    return smi.DriverView(
-        version=loaded["version"],
-        cuda_version=prof.cuda_version(loaded["version"]),
-        persistence=node.persistence_enabled(),
-    )
-
-
-def nvidia_smi(argv: Sequence[str]) -> int:
-    prof = node.profile()
-    driver = _driver_view(prof)
-    if driver is None:
-        # Installed but not loaded: let the genuine binary fail in its own words.
-        real = node.real_binary("/usr/lib/nvidia/current/nvidia-smi")
-        if real:
-            os.execv(real, ["nvidia-smi", *argv])
-    out, err, rc = smi.run(argv, prof, driver)
-    sys.stdout.write(out)
-    sys.stderr.write(err)
-    return rc
 
 
 def _is_nvidia_module(name: str) -> bool:
@@ -109,6 +85,9 @@ def persistenced(argv: Sequence[str]) -> int:
         return 1
     os.setsid()
     flag = node.RUN / "persistence-mode"
+    # Like the real daemon, hold every GPU's device file open while running: the
+    # module cannot be unloaded under it.
+    held = [path.open("rb") for path in node.device_files("nvidia", node.profile())]
 
     def stop(_signum: int, _frame: object) -> None:
         flag.unlink(missing_ok=True)
@@ -123,8 +102,9 @@ def persistenced(argv: Sequence[str]) -> int:
     flag.touch()
     PERSISTENCED_PIDFILE.parent.mkdir(parents=True, exist_ok=True)
     PERSISTENCED_PIDFILE.write_text(f"{os.getpid()}\n")
-    while True:
+    while held:
         signal.pause()
+    return 1
 
 
 def _status() -> dict[str, object]:
@@ -216,7 +196,6 @@ def gpusim(argv: Sequence[str]) -> int:
 
 ENTRY_POINTS = {
     "gpusim": gpusim,
-    "nvidia-smi": nvidia_smi,
     "modprobe": modprobe,
     "rmmod": rmmod,
     "nvidia-persistenced": persistenced,

@@ -1,8 +1,11 @@
 """The simulated node: its profile, its simulated sysfs, and its driver state.
 
 State that a reboot clears lives under /run/gpusim (tmpfs, like /sys): the chosen
-profile, the simulated sysfs tree, and which simulated kernel modules are loaded.
-What survives a reboot is real: the dpkg database and the files on disk.
+profile, the simulated sysfs tree, which simulated kernel modules are loaded, and
+what the mock NVML (tests/sim/nvml, installed as libnvidia-ml.so.1) reads about the
+GPUs and the loaded module. The device files the loaded module provides live in
+/dev (a tmpfs too). What survives a reboot is real: the dpkg database and the files
+on disk.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +29,13 @@ RUN = Path(os.environ.get("GPUSIM_RUN", "/run/gpusim"))
 MARKER = Path(os.environ.get("GPUSIM_MARKER", "/etc/gpusim-node"))
 PROFILE_DIR = HOME / "profiles"
 SYS = RUN / "sys"
+DEV = Path(os.environ.get("GPUSIM_DEV", "/dev"))
+# The real driver's device files are character devices of major 195 (and a dynamic
+# major for nvidia-uvm), which the host kernel under a container has no driver for:
+# opening one fails. A simulated node's are character devices numbered like
+# /dev/null (1:3), the one kind a container may both create and open, so that
+# programs can hold them open as they hold the real ones.
+DEVICE_NUMBERS = (1, 3)
 
 # EFI global-variable GUID under which firmware publishes SecureBoot.
 EFI_GLOBAL_GUID = "8be4df61-93ca-11d2-aa0d-00e098032b8c"
@@ -55,9 +66,6 @@ MODULE_ALIASES = {
     "nouveau": "nouveau",
 }
 NVIDIA_MODULES = ("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm")
-# Services that hold /dev/nvidia* open, so the nvidia module cannot be unloaded
-# while they run (as on a real host).
-GPU_CONSUMERS = ("nvidia-persistenced", "nvidia-fabricmanager", "nvidia-dcgm", "dcgm-exporter")
 
 
 class NotASimulatedNode(RuntimeError):
@@ -191,6 +199,104 @@ def _mark_unloaded(name: str) -> None:
     shutil.rmtree(_module_dir(name), ignore_errors=True)
 
 
+# --- device files and who holds them -----------------------------------------------
+
+
+def device_files(name: str, prof: profiles.Profile) -> list[Path]:
+    """The /dev entries a loaded module provides (what nvidia-modprobe and udev create)."""
+    if name == "nvidia":
+        names = ["nvidiactl", *(f"nvidia{gpu.index}" for gpu in prof.gpus)]
+        if any(gpu.mig_capable for gpu in prof.gpus):
+            # MIG's config and monitor capabilities (nvidia-cap1, nvidia-cap2).
+            names += ["nvidia-caps/nvidia-cap1", "nvidia-caps/nvidia-cap2"]
+    elif name == "nvidia_uvm":
+        names = ["nvidia-uvm", "nvidia-uvm-tools"]
+    elif name == "nvidia_modeset":
+        names = ["nvidia-modeset"]
+    else:
+        names = []
+    return [DEV / n for n in names]
+
+
+def _create_device_files(paths: list[Path]) -> None:
+    for path in paths:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.exists():
+            os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(*DEVICE_NUMBERS))
+            path.chmod(0o666)  # mknod's mode is filtered by the umask
+
+
+def _remove_device_files(paths: list[Path]) -> None:
+    for path in paths:
+        path.unlink(missing_ok=True)
+        if path.parent != DEV:
+            with contextlib.suppress(OSError):
+                path.parent.rmdir()
+
+
+def holders(paths: list[Path]) -> list[tuple[int, str]]:
+    """Processes (pid, name) with one of `paths` open, as the kernel counts a module's users."""
+    wanted = {str(p) for p in paths}
+    found = []
+    for fd_dir in glob.glob("/proc/[0-9]*/fd"):
+        pid = int(fd_dir.split("/")[2])
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue  # gone, or not ours to look at
+        targets = set()
+        for fd in fds:
+            with contextlib.suppress(OSError):  # closed meanwhile
+                targets.add(os.readlink(os.path.join(fd_dir, fd)))
+        if targets & wanted:
+            try:
+                name = Path(f"/proc/{pid}/comm").read_text(encoding="utf-8").strip()
+            except OSError:
+                name = "?"
+            found.append((pid, name))
+    return sorted(found)
+
+
+# --- what the mock NVML reads --------------------------------------------------------
+
+
+def _nvml_dir() -> Path:
+    return RUN / "nvml"
+
+
+def _cuda_number(version: str) -> int:
+    """NVML's CUDA version number: 12.2 -> 12020."""
+    major, _, minor = version.partition(".")
+    return int(major) * 1000 + int(minor or 0) * 10
+
+
+def write_nvml_gpus(prof: profiles.Profile, directory: Path | None = None) -> None:
+    """The GPUs as the kernel module would describe them to NVML (read by the mock)."""
+    directory = directory or _nvml_dir()
+    lines = []
+    for gpu in prof.gpus:
+        fields = {
+            "index": gpu.index,
+            "name": gpu.product_name,
+            "uuid": gpu.uuid,
+            "serial": gpu.serial,
+            "vbios": gpu.vbios_version,
+            "architecture": gpu.architecture,
+            "bus": gpu.bus,
+            "device_id": f"{gpu.device_id:04x}",
+            "subsystem_id": f"{gpu.subsystem_id:04x}",
+            "memory_mib": gpu.memory_mib,
+            "compute_cap": gpu.compute_cap,
+            "mig_capable": int(gpu.mig_capable),
+            "mig_enabled": int(gpu.mig_enabled),
+            "power_limit_w": gpu.power_limit_w,
+            "numa_node": gpu.numa_node,
+        }
+        lines.append("\t".join(f"{key}={value}" for key, value in fields.items()))
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "gpus").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+
+
 def load_module(requested: str) -> None:
     name = MODULE_ALIASES.get(requested, requested)
     prof = profile()
@@ -210,6 +316,7 @@ def load_module(requested: str) -> None:
     if name != "nvidia":
         load_module("nvidia")
         _mark_loaded(name, driver.version, "POE" if driver.module_type == "proprietary" else "OE")
+        _create_device_files(device_files(name, prof))
         return
     if prof.secure_boot and driver.source != "preinstalled":
         raise ModuleError(
@@ -228,30 +335,32 @@ def load_module(requested: str) -> None:
         encoding="utf-8",
     )
     _bind(prof, "nvidia")
-
-
-def _service_active(unit: str) -> bool:
-    result = subprocess.run(["systemctl", "is-active", "--quiet", unit], check=False)
-    return result.returncode == 0
+    _nvml_dir().mkdir(parents=True, exist_ok=True)
+    (_nvml_dir() / "driver").write_text(
+        f"cuda={_cuda_number(prof.cuda_version(driver.version))}\n", encoding="utf-8"
+    )
+    _create_device_files(device_files("nvidia", prof))
 
 
 def unload_module(requested: str) -> None:
+    """Unload like the kernel: refused while another module or an open file uses it."""
     name = MODULE_ALIASES.get(requested, requested)
     if not loaded(name):
         return
+    in_use = ModuleError(f"modprobe: FATAL: Module {name} is in use.")
     if name == "nouveau":
-        raise ModuleError("modprobe: FATAL: Module nouveau is in use.")
+        raise in_use
+    prof = profile()
+    files = device_files(name, prof)
+    if holders(files):
+        raise in_use
     if name == "nvidia":
-        holders = [m for m in NVIDIA_MODULES[1:] if loaded(m)]
-        for holder in holders:
-            _mark_unloaded(holder)
-        busy = [unit for unit in GPU_CONSUMERS if _service_active(unit)]
-        if busy or (RUN / "persistence-mode").exists():
-            raise ModuleError("modprobe: FATAL: Module nvidia is in use.")
-        _mark_unloaded("nvidia")
+        if any(loaded(m) for m in NVIDIA_MODULES[1:]) or (RUN / "persistence-mode").exists():
+            raise in_use
         (RUN / "nvidia-module.json").unlink(missing_ok=True)
-        _bind(profile(), None)
-        return
+        (_nvml_dir() / "driver").unlink(missing_ok=True)
+        _bind(prof, None)
+    _remove_device_files(files)
     _mark_unloaded(name)
 
 
@@ -350,6 +459,7 @@ def boot() -> profiles.Profile:
     )
     (RUN / "persistence-mode").unlink(missing_ok=True)
     (RUN / "nvidia-module.json").unlink(missing_ok=True)
+    write_nvml_gpus(prof)
 
     if prof.gpus:
         driver = installed_driver(prof)
@@ -363,19 +473,26 @@ def boot() -> profiles.Profile:
     return prof
 
 
-# --- which driver binaries exist --------------------------------------------------
+# --- which driver files are simulated ------------------------------------------------
 
-# Real binaries that packages install, and where the image's dpkg diversions move
-# them, so that the simulated versions can answer once the driver is loaded.
+# Files of NVIDIA's packages that the image's dpkg diversions move aside (to
+# <path>.gpusim-real), and what takes their place while the package is installed:
+# the mock NVML in place of the library (every NVML program, Debian's nvidia-smi
+# first, then runs on the simulated GPUs), the simulated persistence daemon in
+# place of the real one (which would talk to the kernel module directly).
+LIBNVML_LINK = "/usr/lib/x86_64-linux-gnu/nvidia/current/libnvidia-ml.so.1"
 DIVERTED = {
-    "/usr/lib/nvidia/current/nvidia-smi": "nvidia-smi",
-    "/usr/bin/nvidia-persistenced": "nvidia-persistenced",
+    LIBNVML_LINK: "lib/libnvidia-ml.so.1",
+    "/usr/bin/nvidia-persistenced": "bin/nvidia-persistenced",
 }
 REAL_SUFFIX = ".gpusim-real"
-# Where NVIDIA's .run installer puts the binaries of a pre-installed driver.
-PREINSTALLED_BINARIES = {
-    "/usr/bin/nvidia-smi": "nvidia-smi",
-    "/usr/bin/nvidia-persistenced": "nvidia-persistenced",
+# Where NVIDIA's .run installer puts the files of a pre-installed driver, and what
+# stands there on a node whose profile has one: Debian's nvidia-smi (copied into
+# the image when it is built), the mock NVML and the simulated persistence daemon.
+PREINSTALLED_FILES = {
+    "/usr/bin/nvidia-smi": "preinstalled/nvidia-smi",
+    "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1": "lib/libnvidia-ml.so.1",
+    "/usr/bin/nvidia-persistenced": "bin/nvidia-persistenced",
 }
 
 
@@ -392,23 +509,41 @@ def _is_our_link(path: Path) -> bool:
     return path.is_symlink() and os.readlink(path).startswith(str(HOME))
 
 
+def _library_version(prof: profiles.Profile) -> str | None:
+    """The driver version of the installed NVML library (what the real one is built as)."""
+    real = Path(LIBNVML_LINK + REAL_SUFFIX)
+    if real.is_symlink():
+        # libnvidia-ml.so.1 -> libnvidia-ml.so.<driver version>
+        return os.readlink(real).rsplit("libnvidia-ml.so.", 1)[-1]
+    return prof.preinstalled_driver
+
+
 def link_driver_binaries() -> None:
-    """Put a simulated binary wherever the real one is installed, and only there.
+    """Put a simulated file wherever the real one is installed, and only there.
 
     Called at boot and after every dpkg run (a dpkg post-invoke hook in the image),
-    so installing or removing a driver package makes nvidia-smi appear or vanish as
-    it would on a real host.
+    so installing or removing a driver package makes the library and the daemon
+    appear or vanish as they would on a real host. Records the installed library's
+    version for the mock NVML, which refuses to talk to a module of another version.
     """
-    wanted = {path: shim for path, shim in DIVERTED.items() if Path(path + REAL_SUFFIX).exists()}
-    if profile().preinstalled_driver is not None:
-        for path, shim in PREINSTALLED_BINARIES.items():
+    prof = profile()
+    wanted = {path: kit for path, kit in DIVERTED.items() if os.path.lexists(path + REAL_SUFFIX)}
+    if prof.preinstalled_driver is not None:
+        for path, kit in PREINSTALLED_FILES.items():
             if not os.path.lexists(path) or _is_our_link(Path(path)):
-                wanted.setdefault(path, shim)
-    for path in {*DIVERTED, *PREINSTALLED_BINARIES}:
+                wanted.setdefault(path, kit)
+    for path in {*DIVERTED, *PREINSTALLED_FILES}:
         if path in wanted:
-            _ensure_link(Path(path), HOME / "bin" / wanted[path])
+            _ensure_link(Path(path), HOME / wanted[path])
         elif _is_our_link(Path(path)):
             Path(path).unlink()
+    version_file = _nvml_dir() / "library-version"
+    version = _library_version(prof)
+    if version:
+        _nvml_dir().mkdir(parents=True, exist_ok=True)
+        version_file.write_text(version + "\n", encoding="utf-8")
+    else:
+        version_file.unlink(missing_ok=True)
 
 
 def real_binary(path: str) -> str | None:
