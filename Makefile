@@ -19,7 +19,7 @@ export ANSIBLE_FORCE_COLOR ?= 0
 export NO_COLOR ?= 1
 export PY_COLORS ?= 0
 
-.PHONY: help deps venv consumers image repo fleet fleet-down fleet-status controlplane cluster cluster-down demo test lint unit e2e molecule molecule-cluster bench clean
+.PHONY: help deps venv consumers toolkit image repo fleet fleet-down fleet-status controlplane cluster cluster-down demo test lint unit e2e molecule molecule-cluster bench clean
 
 help:
 	@echo "make demo    start the simulated GPU fleet and run the main job on it"
@@ -82,7 +82,12 @@ lint: venv
 consumers:
 	@bash tests/tools/consumers.sh
 
-unit: venv consumers
+# NVIDIA's container toolkit (nvidia-ctk, ...), built from its pinned Go modules into
+# ~/.cache/gpufleet, one directory per version: the oracle of tests/unit/test_runtime_oracle.py.
+toolkit:
+	@bash tests/sim/toolkit/build.sh
+
+unit: venv consumers toolkit
 	pytest
 
 # The reconciler against a small simulated fleet, through real ansible-runner, and

@@ -8,15 +8,19 @@ simulated nodes install from local copies laid out like the upstream ones:
     <out>/cuda/repos/debian12/x86_64/                       flat repo, suite "/"
     <out>/cuda/repos/debian12/x86_64/3bf863cc.pub           its signing key
 
-Package names, versions and installed paths are the upstream ones; the contents are
-small stand-ins (tests/sim/repo/standins) that behave enough like upstream for the
-roles. Each repository is signed with a throwaway key made when it is built, so apt's
-signature checking is exercised for real. The output is rebuilt only when this file
-or the stand-ins change.
+Package names, versions and installed paths are the upstream ones. `nvidia-ctk` and
+`nvidia-cdi-hook` are NVIDIA's own, built from the container toolkit's Go module at
+each version (tests/sim/toolkit/build.sh), with the default config.toml that
+`nvidia-ctk config default` writes; the other contents are small stand-ins
+(tests/sim/repo/standins) that behave enough like upstream for the roles. Each
+repository is signed with a throwaway key made when it is built, so apt's signature
+checking is exercised for real. The output is rebuilt only when this file, the
+stand-ins or the toolkit's build change.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shutil
@@ -35,6 +39,22 @@ EXPORTER_VERSION = "3.3.9-3.6.1-1"
 # simulated nodes can run (Debian 12's 535 builds, and a 550 for upgrades).
 FABRICMANAGER_VERSIONS = ("535.261.03-1", "535.309.01-1", "550.127.05-1")
 LIBDIR = "/usr/lib/x86_64-linux-gnu"
+TOOLKIT_BUILD = Path(__file__).resolve().parent.parent / "toolkit" / "build.sh"
+# Sources of package files that are not stand-ins: NVIDIA's binaries of the toolkit
+# version being packaged, and the config its nvidia-ctk writes by default.
+REAL = "toolkit:"
+DEFAULT_CONFIG = "toolkit-config:"
+
+
+@functools.cache
+def toolkit_bin(upstream_version: str) -> Path:
+    """Where tests/sim/toolkit/build.sh put the toolkit's binaries of this version."""
+    built = subprocess.run(
+        ["bash", str(TOOLKIT_BUILD), upstream_version], capture_output=True, text=True, check=False
+    )
+    if built.returncode != 0:
+        raise RuntimeError(f"building the container toolkit {upstream_version}: {built.stderr}")
+    return Path(built.stdout.strip().splitlines()[-1])
 
 
 @dataclass
@@ -59,10 +79,10 @@ def packages() -> list[Package]:
     for version in TOOLKIT_VERSIONS:
         up = _upstream(version)
         tool_files = {
-            "/usr/bin/nvidia-ctk": ("nvidia-ctk", 0o755),
+            "/usr/bin/nvidia-ctk": (REAL + "nvidia-ctk", 0o755),
             "/usr/bin/nvidia-container-runtime": ("nvidia-container-runtime", 0o755),
-            "/usr/bin/nvidia-cdi-hook": ("nvidia-cdi-hook", 0o755),
-            "/etc/nvidia-container-runtime/config.toml": ("config.toml", 0o644),
+            "/usr/bin/nvidia-cdi-hook": (REAL + "nvidia-cdi-hook", 0o755),
+            "/etc/nvidia-container-runtime/config.toml": (DEFAULT_CONFIG, 0o644),
         }
         if tuple(int(part) for part in up.split(".")) >= (1, 18):
             # The CDI refresh units first ship with toolkit 1.18.
@@ -185,7 +205,18 @@ def _build_deb(pkg: Package, standins: Path, work: Path, out_dir: Path) -> None:
     for path, (source, mode) in pkg.files.items():
         target = root / path.lstrip("/")
         target.parent.mkdir(parents=True, exist_ok=True)
-        if source == "libnvidia-container.so":
+        if source.startswith(REAL):
+            shutil.copyfile(toolkit_bin(upstream) / source.removeprefix(REAL), target)
+        elif source == DEFAULT_CONFIG:
+            _run(
+                [
+                    str(toolkit_bin(upstream) / "nvidia-ctk"),
+                    "config",
+                    "default",
+                    f"--output={target}",
+                ]
+            )
+        elif source == "libnvidia-container.so":
             c_file = work / f"lnc-{upstream}.c"
             c_file.write_text(
                 (standins / "libnvidia-container.c").read_text().replace("@VERSION@", upstream)
@@ -273,6 +304,9 @@ def source_hash(source_dir: Path) -> str:
     digest = hashlib.sha256()
     for path in sorted([Path(__file__), *(source_dir / "standins").iterdir()]):
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    for version in TOOLKIT_VERSIONS:
+        # The build directory is named after the toolkit's version and recipe.
+        digest.update(str(toolkit_bin(_upstream(version))).encode() + b"\0")
     return digest.hexdigest()[:12]
 
 

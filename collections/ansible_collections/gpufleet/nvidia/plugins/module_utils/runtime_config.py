@@ -96,10 +96,17 @@ def _edit_cri(cri, runtime_name, runtime_path, set_as_default, enable_cdi, prese
         if default_name == runtime_name:
             containerd["default_runtime_name"] = CONTAINERD_DEFAULT_RUNTIME
         return
+    # The runtime the NVIDIA one wraps: the default, unless the default is itself an
+    # NVIDIA runtime (as nvidia-ctk decides), then runc.
+    template_name = (
+        default_name
+        if not default_name.startswith("nvidia") and default_name != runtime_name
+        else CONTAINERD_DEFAULT_RUNTIME
+    )
+    template = runtimes.get(template_name)
     if runtime_name not in runtimes:
-        # A new entry starts as a copy of the default runtime (runc or crun), so
+        # A new entry starts as a copy of the wrapped runtime (runc or crun), so
         # options such as SystemdCgroup carry over.
-        template = runtimes.get(default_name) if default_name != runtime_name else None
         entry = tomlkit.table()
         entry["runtime_type"] = RUNC_V2
         for key, value in (_plain(template) if template is not None else {}).items():
@@ -111,6 +118,13 @@ def _edit_cri(cri, runtime_name, runtime_path, set_as_default, enable_cdi, prese
     options = _table(entry, "options")
     if options.get("BinaryName") != runtime_path:
         options["BinaryName"] = runtime_path
+    # The cgroup driver must be the wrapped runtime's (the kubelet's): an entry kept
+    # from before follows it too. Its other options stay as the site set them.
+    template_options = (template or {}).get("options", {})
+    if "SystemdCgroup" in template_options and options.get("SystemdCgroup") != _plain(
+        template_options["SystemdCgroup"]
+    ):
+        options["SystemdCgroup"] = _plain(template_options["SystemdCgroup"])
     if set_as_default and default_name != runtime_name:
         containerd["default_runtime_name"] = runtime_name
     elif not set_as_default and default_name == runtime_name:
@@ -207,10 +221,30 @@ def docker_daemon_json(
     return json.dumps(config, indent=indent) + "\n"
 
 
-def crio_drop_in(text, path, *, runtime_name, runtime_path, set_as_default, enable_cdi, present):
+def crio_default_handler(configs, runtime_name):
+    """The settings of CRI-O's default handler in `configs` [(path, text)]: crio.conf and
+    its drop-ins in the order CRI-O reads them, later ones overriding earlier keys.
+    Empty when no config names a default handler with a table of its own, or when the
+    default is `runtime_name` itself."""
+    default = None
+    handlers = {}
+    for path, text in configs:
+        runtime = _plain(_parse_toml(text, path)).get("crio", {}).get("runtime", {})
+        default = runtime.get("default_runtime", default)
+        for name, settings in runtime.get("runtimes", {}).items():
+            handlers.setdefault(name, {}).update(settings)
+    return handlers.get(default, {}) if default and default != runtime_name else {}
+
+
+def crio_drop_in(
+    text, path, *, runtime_name, runtime_path, set_as_default, enable_cdi, present, base=None
+):
     """CRI-O drop-in text with crio.runtime.runtimes.<name>; None when nothing is left.
 
-    enable_cdi is not a CRI-O setting: CRI-O reads CDI specs by default.
+    A new handler starts as a copy of `base`, the default handler's settings (see
+    crio_default_handler), so that conmon, its cgroup and the annotations it allows
+    stay those of the site. enable_cdi is not a CRI-O setting: CRI-O reads CDI specs
+    by default.
     """
     doc = _parse_toml(text, path)
     runtime = _table(_table(doc, "crio"), "runtime")
@@ -219,6 +253,8 @@ def crio_drop_in(text, path, *, runtime_name, runtime_path, set_as_default, enab
         entry = runtimes.get(runtime_name)
         if entry is None:
             entry = tomlkit.table()
+            for key, value in (base or {}).items():
+                entry[key] = value
             runtimes[runtime_name] = entry
         if entry.get("runtime_path") != runtime_path:
             entry["runtime_path"] = runtime_path

@@ -16,10 +16,15 @@ description:
     does, and leaves every other setting, comment and table as it was.
   - containerd gets C(plugins.<cri>.containerd.runtimes.<runtime_name>) of type
     C(io.containerd.runc.v2) with C(options.BinaryName) = O(runtime_path); a new entry
-    copies the default runtime's options first (so C(SystemdCgroup) carries over).
+    copies the options of the runtime it wraps first (the default one, or runc when the
+    default is itself an NVIDIA runtime), and an existing entry follows that runtime's
+    C(SystemdCgroup), so its containers use the kubelet's cgroup driver.
     With O(drop_in_path) the entry goes into a drop-in instead and the main config
     gains an C(imports) entry; the drop-in carries the main config's whole CRI plugin
     table, because containerd before 2.1 replaces imported plugin tables.
+  - A new CRI-O handler starts as a copy of the default handler as C(crio.conf) and
+    its drop-ins define it (C(monitor_path), C(runtime_root), allowed annotations), then
+    gets O(runtime_path).
   - For k3s and RKE2 point O(config_path) at C(config.toml.tmpl) and O(template_base)
     at the generated C(config.toml); for MicroK8s at C(args/containerd-template.toml).
   - Writes atomically, keeps a backup of a file it changes (O(backup)), supports check
@@ -170,6 +175,27 @@ def _read(path):
         return None
 
 
+def _crio_configs(config_path):
+    """CRI-O's configs as (path, text) in the order it reads them: crio.conf, then the
+    drop-in directory's files by name (`config_path`, the file edited, among them)."""
+    if os.path.basename(config_path) == "crio.conf":
+        main, directory = config_path, config_path + ".d"
+    else:
+        directory = os.path.dirname(config_path)
+        main = os.path.join(os.path.dirname(directory), "crio.conf")
+    paths = [main]
+    if os.path.isdir(directory):
+        paths += [os.path.join(directory, name) for name in sorted(os.listdir(directory))]
+    if config_path not in paths:
+        paths.append(config_path)
+    configs = []
+    for path in paths:
+        text = _read(path) if os.path.isfile(path) else None
+        if text is not None:
+            configs.append((path, text))
+    return configs
+
+
 def _write(module, path, text):
     """Atomically replace `path` with `text`, keeping the file's mode; its backup."""
     directory = os.path.dirname(path)
@@ -254,7 +280,10 @@ def main():
             after = rc.docker_daemon_json(current, config_path, **wanted)
             edits.append((config_path, current, after))
         else:
-            edits.append((config_path, current, rc.crio_drop_in(current, config_path, **wanted)))
+            base = rc.crio_default_handler(_crio_configs(config_path), p["runtime_name"])
+            edits.append(
+                (config_path, current, rc.crio_drop_in(current, config_path, base=base, **wanted))
+            )
     except rc.ConfigError as exc:
         module.fail_json(msg=str(exc), **result)
 
