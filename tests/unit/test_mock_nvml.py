@@ -14,9 +14,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import smi
-from conftest import NVIDIA_SMI, mock_nvml_library
+from conftest import NVIDIA_SMI, PROJECT, mock_nvml_library
 from gpusim import node, profiles
 
 DRIVER = node.InstalledDriver("535.261.03", "proprietary", "package:nvidia-kernel-dkms")
@@ -157,3 +158,42 @@ def test_profiles_all_list_through_the_real_tool(gpu_node):
         gpu_node(name)
         names = gpu_node.run("--query-gpu=name", "--format=csv,noheader").stdout.splitlines()
         assert names == [g.product_name for g in prof.gpus], name
+
+
+@pytest.mark.parametrize("version", ["1.17.8", "1.18.0"])
+def test_nvidia_ctk_generates_a_cdi_spec_for_every_profile(gpu_node, mock_nvml, version):
+    """NVIDIA's nvidia-ctk (built from its Go module) describes each profile's GPUs.
+
+    The driver root is laid out like Debian's packages leave it: the NVML library
+    (here the mock) and libcuda.so.<driver version>, which nvidia-ctk insists on.
+    """
+    built = subprocess.run(
+        ["bash", str(PROJECT / "tests" / "sim" / "toolkit" / "build.sh"), version],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert built.returncode == 0, built.stderr
+    nvidia_ctk = Path(built.stdout.strip()) / "nvidia-ctk"
+    for name in profiles.available(node.PROFILE_DIR):
+        prof = profiles.load(node.PROFILE_DIR, name, "unit-node")
+        if not prof.gpus or prof.preinstalled_driver or any(g.mig for g in prof.gpus):
+            # MIG-enabled GPUs expose only their instances, which the mock does not
+            # serve yet (the MIG issue): nvidia-ctk 1.18 then has no device for "all".
+            continue
+        gpu_node(name)
+        root = node.DEV.parent
+        libdir = root / "usr" / "lib" / "x86_64-linux-gnu"
+        libdir.mkdir(parents=True, exist_ok=True)
+        (libdir / f"libcuda.so.{DRIVER.version}").touch()
+        nvml = libdir / "libnvidia-ml.so.1"
+        if not nvml.is_symlink():
+            nvml.symlink_to(mock_nvml)
+        result = gpu_node.run("cdi", "generate", f"--driver-root={root}", program=nvidia_ctk)
+        assert result.returncode == 0, f"{name}: {result.stderr[-2000:]}"
+        spec = yaml.safe_load(result.stdout)
+        names = [device["name"] for device in spec["devices"]]
+        expected = [str(g.index) for g in prof.gpus] + [g.uuid for g in prof.gpus] + ["all"]
+        assert sorted(names) == sorted(expected), name
+        nodes = {n["path"] for d in spec["devices"] for n in d["containerEdits"]["deviceNodes"]}
+        assert nodes == {f"/dev/nvidia{g.index}" for g in prof.gpus}, name

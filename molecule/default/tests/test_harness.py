@@ -145,8 +145,9 @@ def test_nvidia_smi_fails_before_and_answers_after_the_driver_loads(host):
         host.run(f"rm -f {BLACKLIST}")
 
 
-def test_stand_in_packages_behave_like_upstream_for_the_roles(host):
-    """Toolkit, DCGM exporter and fabric manager stand-ins on a node with a loaded driver."""
+def test_local_packages_behave_like_upstream_for_the_roles(host):
+    """The toolkit (NVIDIA's nvidia-ctk on the mock NVML), DCGM exporter and fabric
+    manager packages of the local repository on a node with a loaded driver."""
     if not _is_gpu_node(host):
         return  # they need a GPU and a driver; the GPU node covers them
     try:

@@ -796,6 +796,32 @@ EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *curr
     return NVML_SUCCESS;
 }
 
+/* MIG instances are not simulated yet: a MIG-capable board reports room for seven
+ * (A100 and H100 class boards; an A30 has four) and none configured. */
+#define MAX_MIG_DEVICES 7
+
+EXPORT nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count)
+{
+    REQUIRE_DEVICE(device);
+    if (!count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!gpu->mig_capable)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *count = MAX_MIG_DEVICES;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned int index,
+                                                        nvmlDevice_t *mig)
+{
+    REQUIRE_DEVICE(device);
+    if (!mig || index >= MAX_MIG_DEVICES)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!gpu->mig_capable)
+        return NVML_ERROR_NOT_SUPPORTED;
+    return NVML_ERROR_NOT_FOUND;
+}
+
 /* --- the internal export table ----------------------------------------------------------- */
 
 /*
