@@ -30,6 +30,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -361,30 +362,28 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevice_t 
     return nvmlDeviceGetHandleByIndex_v2(index, device);
 }
 
-EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device)
+/* The handle of the GPU whose identity field (at `offset` in the struct) is `value`. */
+static nvmlReturn_t handle_by(size_t offset, const char *value, nvmlDevice_t *device)
 {
     REQUIRE_INIT();
-    if (!uuid || !device)
+    if (!value || !device)
         return NVML_ERROR_INVALID_ARGUMENT;
     for (unsigned int i = 0; i < node.count; i++)
-        if (!strcmp(node.gpus[i].uuid, uuid)) {
+        if (!strcmp((const char *)&node.gpus[i] + offset, value)) {
             device->handle = &node.gpus[i];
             return NVML_SUCCESS;
         }
     return NVML_ERROR_NOT_FOUND;
 }
 
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device)
+{
+    return handle_by(offsetof(struct nvmlDevice_st, uuid), uuid, device);
+}
+
 EXPORT nvmlReturn_t nvmlDeviceGetHandleBySerial(const char *serial, nvmlDevice_t *device)
 {
-    REQUIRE_INIT();
-    if (!serial || !device)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    for (unsigned int i = 0; i < node.count; i++)
-        if (!strcmp(node.gpus[i].serial, serial)) {
-            device->handle = &node.gpus[i];
-            return NVML_SUCCESS;
-        }
-    return NVML_ERROR_NOT_FOUND;
+    return handle_by(offsetof(struct nvmlDevice_st, serial), serial, device);
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *bus_id, nvmlDevice_t *device)
