@@ -24,6 +24,7 @@ def _node_state(root: Path) -> dict[str, object]:
         "PROFILE_DIR": PROFILE_DIR,
         "RUN": root / "run",
         "SYS": root / "run" / "sys",
+        "STATE": root / "state",
         "DEV": root / "dev",
         "LIBNVML_LINK": str(root / "lib/libnvidia-ml.so.1"),
         "DIVERTED": {str(root / "lib/libnvidia-ml.so.1"): "lib/libnvidia-ml.so.1"},
@@ -126,6 +127,7 @@ def real_smi_outputs(profile: str, node_name: str, driver_version: str = "535.26
             os.environ,
             LD_LIBRARY_PATH=str(library.parent),
             GPUSIM_RUN=str(root / "run"),
+            GPUSIM_STATE=str(root / "state"),
             GPUSIM_DEV=str(root / "dev"),
         )
         outputs = []

@@ -41,19 +41,6 @@ def _profile_facts(name: str) -> dict:
         csv_out, xml_out = real_smi_outputs(name, f"node-{name}")
         rows = smi.parse_query_csv(csv_out)
         xml = smi.parse_query_xml(xml_out)
-        # The mock NVML does not serve MIG instances yet (the MIG issue): until it does,
-        # a MIG profile's instances are taken from its definition.
-        for gpu, facts in zip(prof.gpus, xml["gpus"], strict=True):
-            facts["mig_devices"] = [
-                {
-                    "index": mig.index,
-                    "gpu_instance_id": mig.index + 1,
-                    "compute_instance_id": 0,
-                    "memory_mib": mig.memory_mib,
-                    "multiprocessor_count": mig.sm_count,
-                }
-                for mig in gpu.mig
-            ]
     gpus = discovery.gpu_list(devices, rows, xml)
     driver = {"state": "loaded", "version": "535.261.03"} if devices else {"state": "absent"}
     return {

@@ -9,6 +9,7 @@ mock gets wrong, or a parser that misreads the real tool, fails here.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -45,6 +46,7 @@ def gpu_node(sim_node, mock_nvml, monkeypatch):
             os.environ,
             LD_LIBRARY_PATH=str(mock_nvml.parent),
             GPUSIM_RUN=str(node.RUN),
+            GPUSIM_STATE=str(node.STATE),
             GPUSIM_DEV=str(node.DEV),
         )
         return subprocess.run(
@@ -134,7 +136,12 @@ def test_a_program_with_nvml_open_holds_the_driver(gpu_node, mock_nvml):
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
-        env=dict(os.environ, GPUSIM_RUN=str(node.RUN), GPUSIM_DEV=str(node.DEV)),
+        env=dict(
+            os.environ,
+            GPUSIM_RUN=str(node.RUN),
+            GPUSIM_STATE=str(node.STATE),
+            GPUSIM_DEV=str(node.DEV),
+        ),
     )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "0"
@@ -178,8 +185,8 @@ def test_nvidia_ctk_generates_a_cdi_spec_for_every_profile(gpu_node, mock_nvml, 
     for name in profiles.available(node.PROFILE_DIR):
         prof = profiles.load(node.PROFILE_DIR, name, "unit-node")
         if not prof.gpus or prof.preinstalled_driver or any(g.mig for g in prof.gpus):
-            # MIG-enabled GPUs expose only their instances, which the mock does not
-            # serve yet (the MIG issue): nvidia-ctk 1.18 then has no device for "all".
+            # nvidia-ctk describes a MIG device by its capability device files, which it
+            # finds in /proc/driver/nvidia-caps: the simulation has no such /proc (yet).
             continue
         gpu_node(name)
         root = node.DEV.parent
@@ -197,3 +204,64 @@ def test_nvidia_ctk_generates_a_cdi_spec_for_every_profile(gpu_node, mock_nvml, 
         assert sorted(names) == sorted(expected), name
         nodes = {n["path"] for d in spec["devices"] for n in d["containerEdits"]["deviceNodes"]}
         assert nodes == {f"/dev/nvidia{g.index}" for g in prof.gpus}, name
+
+
+# --- MIG: mode, instances and MIG devices, driven by nvidia-smi's own commands ---------
+
+
+def test_a_mig_layout_set_up_before_the_first_boot_is_what_nvidia_smi_lists(gpu_node):
+    prof = gpu_node("a100-mig")
+    listed = gpu_node.run("-L").stdout.splitlines()
+    mig_lines = [line.split("Device")[0].strip() for line in listed if line.startswith("  MIG")]
+    assert mig_lines == [f"MIG {name}" for gpu in prof.gpus for name in gpu.mig]
+    facts = smi.parse_query_xml(gpu_node.run("-q", "-x").stdout)
+    gpu1 = facts["gpus"][1]["mig_devices"]
+    assert [(m["gpu_instance_id"], m["memory_mib"], m["multiprocessor_count"]) for m in gpu1] == [
+        (gi, 4864, 14) for gi in range(1, 8)
+    ]
+
+
+def test_gpu_instances_follow_the_boards_placement_rules(gpu_node):
+    gpu_node("a100-mig")  # GPU 0: two 3g.20gb halves, nothing free
+    full = gpu_node.run("mig", "-cgi", "4g.20gb", "-i", "0")
+    assert full.returncode != 0
+    assert "Insufficient Resources" in full.stdout + full.stderr
+    busy = gpu_node.run("mig", "-dgi", "-gi", "1", "-i", "0")
+    assert "In use by another client" in busy.stdout + busy.stderr  # its compute instance
+    assert gpu_node.run("mig", "-dci", "-gi", "1", "-i", "0").returncode == 0
+    assert gpu_node.run("mig", "-dgi", "-gi", "1", "-i", "0").returncode == 0
+    made = gpu_node.run("mig", "-cgi", "2g.10gb,1g.5gb,1g.5gb", "-C", "-i", "0")
+    assert made.returncode == 0, made.stdout + made.stderr
+    table = gpu_node.run("mig", "-lgi", "-i", "0").stdout
+    placed = sorted(
+        (int(start), name)
+        for name, start in re.findall(r"MIG (\S+)\s+\d+\s+\d+\s+(\d+):\d+", table)
+    )
+    assert placed == [(0, "2g.10gb"), (2, "1g.5gb"), (3, "1g.5gb"), (4, "3g.20gb")]
+    free = gpu_node.run("mig", "-lgip", "-i", "0").stdout
+    remaining = {name: int(n) for name, n in re.findall(r"MIG (\S+)\s+\d+\s+(\d+)/\d+", free)}
+    # all seven compute slices are taken, though memory slice 6 is free
+    assert remaining["1g.5gb"] == remaining["7g.40gb"] == 0
+    gpu_node.run("mig", "-dci", "-gi", "2", "-i", "0")  # the 3g.20gb at slices 4-7
+    gpu_node.run("mig", "-dgi", "-gi", "2", "-i", "0")
+    free = gpu_node.run("mig", "-lgip", "-i", "0").stdout
+    remaining = {name: int(n) for name, n in re.findall(r"MIG (\S+)\s+\d+\s+(\d+)/\d+", free)}
+    assert (remaining["3g.20gb"], remaining["4g.20gb"], remaining["1g.5gb"]) == (1, 0, 3)
+
+
+def test_mig_mode_waits_for_a_gpu_reset_while_the_gpu_is_held(gpu_node):
+    gpu_node("a100-pcie-2")
+    query = ("--query-gpu=mig.mode.current,mig.mode.pending", "--format=csv,noheader")
+    assert gpu_node.run(*query).stdout.splitlines() == ["Disabled, Disabled"] * 2
+    with open(node.DEV / "nvidia0", "rb"):  # a process holds GPU 0
+        held = gpu_node.run("-i", "0", "-mig", "1")
+    assert "pending enable state" in held.stdout
+    assert gpu_node.run("-i", "1", "-mig", "1").returncode == 0  # idle: reset at once
+    assert gpu_node.run(*query).stdout.splitlines() == ["Disabled, Enabled", "Enabled, Enabled"]
+    made = gpu_node.run("mig", "-cgi", "7g.40gb", "-C", "-i", "1")
+    assert made.returncode == 0, made.stdout
+    sim_boot = node.boot()  # a reboot: pending modes apply, instances are gone
+    assert sim_boot.gpus and node.loaded("nvidia")
+    (node.RUN / "nvml" / "library-version").write_text(DRIVER.version + "\n")
+    assert gpu_node.run(*query).stdout.splitlines() == ["Enabled, Enabled"] * 2
+    assert "MIG" not in gpu_node.run("-L").stdout.replace("MIG M.", "")

@@ -13,6 +13,13 @@
  *                         its "version" file holds the loaded module's version
  *   nvml/driver           cuda=<NVML's CUDA version number> of the loaded module
  *   persistence-mode      present while persistence mode is on
+ *   nvml/mig-profiles     the MIG GPU instance profiles each MIG-capable GPU offers
+ *   nvml/mig-instances    GPU and compute instances (gone at a reboot, like on a GPU)
+ *
+ * and in GPUSIM_STATE (default /var/lib/gpusim), which a reboot keeps:
+ *
+ *   mig-mode              per GPU its current and pending MIG mode (the board keeps
+ *                         its MIG mode across reboots; a pending one applies at reset)
  *
  * and the device files of the loaded module are in GPUSIM_DEV (default /dev).
  *
@@ -23,72 +30,32 @@
  *
  * Set GPUSIM_NVML_TRACE=1 to log every call of the internal export table to stderr.
  */
-#define NVML_NO_UNVERSIONED_FUNC_DEFS
-#include "nvml.h"
+#include "mock_nvml.h"
 
-#include <dirent.h>
-#include <errno.h>
-#include <fcntl.h>
-#include <limits.h>
-#include <stddef.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <strings.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
-#define EXPORT __attribute__((visibility("default")))
-#define MAX_GPUS 16
+struct node_st node = {.ctl_fd = -1};
 
-struct nvmlDevice_st {
-    unsigned int index;
-    char name[NVML_DEVICE_NAME_V2_BUFFER_SIZE];
-    char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
-    char serial[NVML_DEVICE_SERIAL_BUFFER_SIZE];
-    char vbios[NVML_DEVICE_VBIOS_VERSION_BUFFER_SIZE];
-    char arch[32];
-    unsigned int bus;
-    unsigned int device_id;
-    unsigned int subsystem_id;
-    unsigned long long memory_mib;
-    int cc_major, cc_minor;
-    int mig_capable, mig_enabled;
-    unsigned int power_w;
-    int numa_node;
-    int fd; /* the open /dev/nvidiaN, a GPU handle like the real library holds */
-};
-
-static struct {
-    int initialised; /* nvmlInit calls not yet matched by nvmlShutdown */
-    unsigned int count;
-    struct nvmlDevice_st gpus[MAX_GPUS];
-    char driver_version[NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE];
-    int cuda_version;
-    int ctl_fd;
-} node = {.ctl_fd = -1};
-
-static const char *run_dir(void)
+const char *run_dir(void)
 {
     const char *dir = getenv("GPUSIM_RUN");
     return dir && *dir ? dir : "/run/gpusim";
 }
 
-static const char *dev_dir(void)
+const char *dev_dir(void)
 {
     const char *dir = getenv("GPUSIM_DEV");
     return dir && *dir ? dir : "/dev";
 }
 
-static int run_path(char *out, size_t size, const char *name)
+int run_path(char *out, size_t size, const char *name)
 {
     int n = snprintf(out, size, "%s/%s", run_dir(), name);
     return n > 0 && (size_t)n < size;
 }
 
 /* First line of a file under the run dir, without its newline; 0 if unreadable. */
-static int read_line(const char *name, char *out, size_t size)
+int read_line(const char *name, char *out, size_t size)
 {
     char path[PATH_MAX];
     FILE *file;
@@ -103,14 +70,14 @@ static int read_line(const char *name, char *out, size_t size)
     return 1;
 }
 
-static int exists(const char *name)
+int exists(const char *name)
 {
     char path[PATH_MAX];
     struct stat st;
     return run_path(path, sizeof path, name) && stat(path, &st) == 0;
 }
 
-static void copy(char *dst, size_t size, const char *src)
+void copy(char *dst, size_t size, const char *src)
 {
     snprintf(dst, size, "%s", src);
 }
@@ -149,8 +116,6 @@ static void parse_gpu(char *line, struct nvmlDevice_st *gpu)
             sscanf(value, "%d.%d", &gpu->cc_major, &gpu->cc_minor);
         else if (!strcmp(field, "mig_capable"))
             gpu->mig_capable = atoi(value);
-        else if (!strcmp(field, "mig_enabled"))
-            gpu->mig_enabled = atoi(value);
         else if (!strcmp(field, "power_limit_w"))
             gpu->power_w = (unsigned int)strtoul(value, NULL, 10);
         else if (!strcmp(field, "numa_node"))
@@ -212,6 +177,7 @@ static nvmlReturn_t load_node(void)
             return errno == EACCES ? NVML_ERROR_NO_PERMISSION : NVML_ERROR_GPU_IS_LOST;
         }
     }
+    mig_load();
     return NVML_SUCCESS;
 }
 
@@ -260,29 +226,14 @@ EXPORT const char *nvmlErrorString(nvmlReturn_t result)
     }
 }
 
-#define REQUIRE_INIT()                                                                        \
-    do {                                                                                      \
-        if (node.initialised == 0)                                                            \
-            return NVML_ERROR_UNINITIALIZED;                                                  \
-    } while (0)
-
 /* The simulated GPU behind a handle, or NULL for a handle that is none of ours. */
-static struct nvmlDevice_st *gpu_of(nvmlDevice_t device)
+struct nvmlDevice_st *gpu_of(nvmlDevice_t device)
 {
     struct nvmlDevice_st *gpu = device.handle;
     return node.count > 0 && gpu >= node.gpus && gpu < node.gpus + node.count ? gpu : NULL;
 }
 
-/* Declares `gpu` for a device entry point; answers like NVML for a bad handle. */
-#define REQUIRE_DEVICE(device)                                                                \
-    struct nvmlDevice_st *gpu = gpu_of(device);                                               \
-    do {                                                                                      \
-        REQUIRE_INIT();                                                                       \
-        if (!gpu)                                                                             \
-            return NVML_ERROR_INVALID_ARGUMENT;                                               \
-    } while (0)
-
-static nvmlReturn_t put_string(char *out, unsigned int length, const char *value)
+nvmlReturn_t put_string(char *out, unsigned int length, const char *value)
 {
     if (!out)
         return NVML_ERROR_INVALID_ARGUMENT;
@@ -378,6 +329,8 @@ static nvmlReturn_t handle_by(size_t offset, const char *value, nvmlDevice_t *de
 
 EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device)
 {
+    if (uuid && !strncmp(uuid, "MIG-", 4))
+        return mig_handle_by_uuid(uuid, device);
     return handle_by(offsetof(struct nvmlDevice_st, uuid), uuid, device);
 }
 
@@ -413,6 +366,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId(const char *bus_id, nvmlDevice
 
 EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index)
 {
+    if (is_mig_device(device))
+        return mig_device_index(device, index);
     REQUIRE_DEVICE(device);
     if (!index)
         return NVML_ERROR_INVALID_ARGUMENT;
@@ -433,12 +388,16 @@ EXPORT nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *
 
 EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length)
 {
+    if (is_mig_device(device))
+        return mig_device_name(device, name, length);
     REQUIRE_DEVICE(device);
     return put_string(name, length, gpu->name);
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length)
 {
+    if (is_mig_device(device))
+        return mig_device_uuid(device, uuid, length);
     REQUIRE_DEVICE(device);
     return put_string(uuid, length, gpu->uuid);
 }
@@ -542,20 +501,36 @@ EXPORT nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t device, unsigned int *n
 /* Memory the driver keeps for itself outside MIG mode (as the stand-in reported). */
 static unsigned long long reserved_mib(const struct nvmlDevice_st *gpu)
 {
-    if (gpu->mig_enabled)
+    if (mig_enabled(gpu))
         return 0;
     return gpu->memory_mib / 64 < 1024 ? gpu->memory_mib / 64 : 1024;
 }
 
+/* Total and reserved MiB of a GPU or of a MIG device (whose memory is its GPU instance's). */
+static nvmlReturn_t memory_of(nvmlDevice_t device, unsigned long long *total, unsigned long long *reserved)
+{
+    if (is_mig_device(device)) {
+        *reserved = 0;
+        return mig_device_memory(device, total);
+    }
+    REQUIRE_DEVICE(device);
+    *total = gpu->memory_mib;
+    *reserved = reserved_mib(gpu);
+    return NVML_SUCCESS;
+}
+
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory)
 {
-    REQUIRE_DEVICE(device);
+    unsigned long long total_mib, reserved;
+    nvmlReturn_t rc;
     if (!memory)
         return NVML_ERROR_INVALID_ARGUMENT;
     if (memory->version != nvmlMemory_v2)
         return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
-    memory->total = gpu->memory_mib << 20;
-    memory->reserved = reserved_mib(gpu) << 20;
+    if ((rc = memory_of(device, &total_mib, &reserved)) != NVML_SUCCESS)
+        return rc;
+    memory->total = total_mib << 20;
+    memory->reserved = reserved << 20;
     memory->used = 0;
     memory->free = memory->total - memory->reserved;
     return NVML_SUCCESS;
@@ -563,11 +538,14 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v
 
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
 {
-    REQUIRE_DEVICE(device);
+    unsigned long long total_mib, reserved;
+    nvmlReturn_t rc;
     if (!memory)
         return NVML_ERROR_INVALID_ARGUMENT;
-    memory->total = gpu->memory_mib << 20;
-    memory->used = reserved_mib(gpu) << 20;
+    if ((rc = memory_of(device, &total_mib, &reserved)) != NVML_SUCCESS)
+        return rc;
+    memory->total = total_mib << 20;
+    memory->used = reserved << 20;
     memory->free = memory->total - memory->used;
     return NVML_SUCCESS;
 }
@@ -782,45 +760,6 @@ EXPORT nvmlReturn_t nvmlDeviceSetPersistenceMode(nvmlDevice_t device, nvmlEnable
     return NVML_SUCCESS;
 }
 
-/* --- MIG mode (instances: see the MIG issue) ----------------------------------------------- */
-
-EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *current, unsigned int *pending)
-{
-    REQUIRE_DEVICE(device);
-    if (!current || !pending)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    if (!gpu->mig_capable)
-        return NVML_ERROR_NOT_SUPPORTED;
-    *current = *pending = gpu->mig_enabled ? NVML_DEVICE_MIG_ENABLE : NVML_DEVICE_MIG_DISABLE;
-    return NVML_SUCCESS;
-}
-
-/* MIG instances are not simulated yet: a MIG-capable board reports room for seven
- * (A100 and H100 class boards; an A30 has four) and none configured. */
-#define MAX_MIG_DEVICES 7
-
-EXPORT nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count)
-{
-    REQUIRE_DEVICE(device);
-    if (!count)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    if (!gpu->mig_capable)
-        return NVML_ERROR_NOT_SUPPORTED;
-    *count = MAX_MIG_DEVICES;
-    return NVML_SUCCESS;
-}
-
-EXPORT nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned int index,
-                                                        nvmlDevice_t *mig)
-{
-    REQUIRE_DEVICE(device);
-    if (!mig || index >= MAX_MIG_DEVICES)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    if (!gpu->mig_capable)
-        return NVML_ERROR_NOT_SUPPORTED;
-    return NVML_ERROR_NOT_FOUND;
-}
-
 /* --- the internal export table ----------------------------------------------------------- */
 
 /*
@@ -841,13 +780,18 @@ static int tracing(void)
 
 static int is_device(void *handle)
 {
-    return gpu_of((nvmlDevice_t){handle}) != NULL;
+    return gpu_of((nvmlDevice_t){handle}) != NULL || is_mig_device((nvmlDevice_t){handle});
 }
 
 /* Slots whose meaning is known (seen from nvidia-smi 535 with the trace on). */
 enum {
     SLOT_LOG = 26,             /* (printf format, arguments...): nvidia-smi's own log line */
     SLOT_HANDLE_BY_INDEX = 81, /* (index, nvmlDevice_t *out, 0x22) */
+    /* Called one after the other for each MIG device as (MIG device, unsigned int *count,
+     * buffer, ...): by their shape, its lists of processes. Answered with none. */
+    SLOT_MIG_PROCESSES_A = 213,
+    SLOT_MIG_PROCESSES_B = 214,
+    SLOT_MIG_PROCESSES_C = 215,
 };
 
 static nvmlReturn_t slot_call(unsigned int slot, void *a0, void *a1, void *a2, void *a3)
@@ -857,6 +801,13 @@ static nvmlReturn_t slot_call(unsigned int slot, void *a0, void *a1, void *a2, v
                 is_device(a0) ? " device" : "");
     switch (slot) {
     case SLOT_LOG:
+        return NVML_SUCCESS;
+    case SLOT_MIG_PROCESSES_A:
+    case SLOT_MIG_PROCESSES_B:
+    case SLOT_MIG_PROCESSES_C:
+        if (!is_mig_device((nvmlDevice_t){a0}) || !a1)
+            return NVML_ERROR_NOT_SUPPORTED;
+        *(unsigned int *)a1 = 0; /* no processes */
         return NVML_SUCCESS;
     case SLOT_HANDLE_BY_INDEX:
         return nvmlDeviceGetHandleByIndex_v2((unsigned int)(uintptr_t)a0, a1);

@@ -3,9 +3,10 @@
 State that a reboot clears lives under /run/gpusim (tmpfs, like /sys): the chosen
 profile, the simulated sysfs tree, which simulated kernel modules are loaded, and
 what the mock NVML (tests/sim/nvml, installed as libnvidia-ml.so.1) reads about the
-GPUs and the loaded module. The device files the loaded module provides live in
-/dev (a tmpfs too). What survives a reboot is real: the dpkg database and the files
-on disk.
+GPUs and the loaded module, and the GPUs' MIG instances. The device files the
+loaded module provides live in /dev (a tmpfs too). What survives a reboot is real:
+the dpkg database and the files on disk, and what the boards themselves keep (their
+MIG mode) under /var/lib/gpusim.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ RUN = Path(os.environ.get("GPUSIM_RUN", "/run/gpusim"))
 MARKER = Path(os.environ.get("GPUSIM_MARKER", "/etc/gpusim-node"))
 PROFILE_DIR = HOME / "profiles"
 SYS = RUN / "sys"
+STATE = Path(os.environ.get("GPUSIM_STATE", "/var/lib/gpusim"))
 DEV = Path(os.environ.get("GPUSIM_DEV", "/dev"))
 # The real driver's device files are character devices of major 195 (and a dynamic
 # major for nvidia-uvm), which the host kernel under a container has no driver for:
@@ -288,13 +290,63 @@ def write_nvml_gpus(prof: profiles.Profile, directory: Path | None = None) -> No
             "memory_mib": gpu.memory_mib,
             "compute_cap": gpu.compute_cap,
             "mig_capable": int(gpu.mig_capable),
-            "mig_enabled": int(gpu.mig_enabled),
             "power_limit_w": gpu.power_limit_w,
             "numa_node": gpu.numa_node,
         }
         lines.append("\t".join(f"{key}={value}" for key, value in fields.items()))
+    offers = [
+        f"gpu={gpu.index} name={p.name} index={p.index} id={p.id} slices={p.slices} "
+        f"size={p.size} starts={','.join(map(str, p.starts))} instances={p.instances} "
+        f"memory_mib={p.memory_mib} sm={p.sm_count} ce={p.copy_engines} dec={p.decoders} "
+        f"enc={p.encoders} jpeg={p.jpeg} ofa={p.ofa}"
+        for gpu in prof.gpus
+        for p in gpu.mig_profiles
+    ]
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "gpus").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    (directory / "mig-profiles").write_text("".join(o + "\n" for o in offers), encoding="utf-8")
+
+
+# NVML_COMPUTE_INSTANCE_PROFILE_* of a compute instance as large as its GPU instance.
+_WHOLE_COMPUTE_INSTANCE = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4}
+
+
+def _first_boot_instances(prof: profiles.Profile) -> list[str]:
+    """The profile's MIG layout as nvml/mig-instances lines: GPU instances in the order
+    given, each at its first free placement, with one whole-size compute instance."""
+    lines = []
+    for gpu in prof.gpus:
+        offered = {p.name: p for p in gpu.mig_profiles}
+        taken: set[int] = set()
+        for gi_id, name in enumerate(gpu.mig, start=1):
+            p = offered[name]
+            start = next(
+                s for s in p.starts if not taken & set(range(s, s + p.size))
+            )  # a profile's layout that does not fit is a broken fixture: fail loudly
+            taken |= set(range(start, start + p.size))
+            lines.append(f"gi {gpu.index} {gi_id} {p.index} {start}")
+            lines.append(f"ci {gpu.index} {gi_id} 0 {_WHOLE_COMPUTE_INSTANCE[p.slices]} 0")
+    return lines
+
+
+def reset_mig(prof: profiles.Profile) -> None:
+    """MIG at power-on: each board's kept MIG mode, a pending one now applied, and no
+    instances. At the node's very first boot: the profile's mode and layout."""
+    modes = STATE / "mig-mode"
+    instances = _nvml_dir() / "mig-instances"
+    if modes.exists():
+        kept = [line.split() for line in modes.read_text(encoding="utf-8").splitlines()]
+        lines = [f"{index} {pending} {pending}" for index, _current, pending in kept]
+        instances.unlink(missing_ok=True)
+    else:
+        lines = [
+            f"{gpu.index} {int(bool(gpu.mig))} {int(bool(gpu.mig))}"
+            for gpu in prof.gpus
+            if gpu.mig_capable
+        ]
+        instances.write_text("".join(x + "\n" for x in _first_boot_instances(prof)))
+    STATE.mkdir(parents=True, exist_ok=True)
+    modes.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
 
 
 def load_module(requested: str) -> None:
@@ -460,6 +512,7 @@ def boot() -> profiles.Profile:
     (RUN / "persistence-mode").unlink(missing_ok=True)
     (RUN / "nvidia-module.json").unlink(missing_ok=True)
     write_nvml_gpus(prof)
+    reset_mig(prof)
 
     if prof.gpus:
         driver = installed_driver(prof)

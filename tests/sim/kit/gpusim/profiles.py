@@ -19,12 +19,23 @@ class ProfileError(ValueError):
 
 
 @dataclass(frozen=True)
-class MigInstance:
-    index: int
-    profile: str
+class MigProfile:
+    """A GPU instance profile a MIG-capable model offers (models.yaml, mig_profiles)."""
+
+    name: str  # "1g.5gb"
+    index: int  # NVML_GPU_INSTANCE_PROFILE_*
+    id: int  # the id nvidia-smi prints
+    slices: int  # compute slices
+    size: int  # memory slices of a placement
+    starts: tuple[int, ...]  # where placements start
+    instances: int
     memory_mib: int
     sm_count: int
-    uuid: str
+    copy_engines: int
+    decoders: int
+    encoders: int
+    jpeg: int
+    ofa: int
 
 
 @dataclass(frozen=True)
@@ -45,7 +56,10 @@ class Gpu:
     numa_node: int
     uuid: str
     serial: str
-    mig: tuple[MigInstance, ...] = ()
+    mig_profiles: tuple[MigProfile, ...] = ()
+    # GPU instances (by profile name) set up on the board before the node's first boot;
+    # each holds one compute instance of its whole size.
+    mig: tuple[str, ...] = ()
 
     @property
     def sysfs_name(self) -> str:
@@ -139,20 +153,16 @@ def load(profile_dir: Path, name: str, node_name: str) -> Profile:
         buses = [str(b).lower() for b in gpu_spec["bus_ids"]]
         numa = gpu_spec.get("numa_nodes", [0] * len(buses))
         mig_spec = {str(k): v for k, v in (gpu_spec.get("mig") or {}).items()}
+        offered = tuple(
+            MigProfile(name=profile_name, **{**spec, "starts": tuple(spec["starts"])})
+            for profile_name, spec in (models.get("mig_profiles", {}).get(key) or {}).items()
+        )
         for index, bus in enumerate(buses):
             seed = f"{node_name}/{bus}"
-            mig: list[MigInstance] = []
-            for mig_index, mig_profile in enumerate(mig_spec.get(str(index), [])):
-                size = models["mig_profiles"][key][mig_profile]
-                mig.append(
-                    MigInstance(
-                        index=mig_index,
-                        profile=mig_profile,
-                        memory_mib=size["memory_mib"],
-                        sm_count=size["sm_count"],
-                        uuid="MIG-" + _stable_uuid(f"{seed}/mig{mig_index}"),
-                    )
-                )
+            mig = tuple(mig_spec.get(str(index), []))
+            unknown = sorted(set(mig) - {p.name for p in offered})
+            if unknown:
+                raise ProfileError(f"{name}: GPU {index} ({key}) offers no MIG profile {unknown}")
             gpus.append(
                 Gpu(
                     index=index,
@@ -171,7 +181,8 @@ def load(profile_dir: Path, name: str, node_name: str) -> Profile:
                     numa_node=int(numa[index]),
                     uuid="GPU-" + _stable_uuid(seed),
                     serial=_serial(seed),
-                    mig=tuple(mig),
+                    mig_profiles=offered,
+                    mig=mig,
                 )
             )
 
