@@ -238,6 +238,9 @@ def start_node(spec: NodeSpec, tag: str, repo: Path) -> None:
         # A reboot inside the node (shutdown -r) ends the container; podman starts it
         # again, as a machine's firmware would.
         "--restart=always",
+        # The simulated driver's /proc entries (/proc/driver/nvidia-caps/mig-minors,
+        # which NVIDIA's tools read) need a writable /proc/driver.
+        "--mount=type=tmpfs,destination=/proc/driver",
         "--label",
         f"{LABEL}=1",
         "--label",

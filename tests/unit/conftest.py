@@ -25,6 +25,7 @@ def _node_state(root: Path) -> dict[str, object]:
         "RUN": root / "run",
         "SYS": root / "run" / "sys",
         "STATE": root / "state",
+        "PROC_DRIVER": root / "proc" / "driver",
         "DEV": root / "dev",
         "LIBNVML_LINK": str(root / "lib/libnvidia-ml.so.1"),
         "DIVERTED": {str(root / "lib/libnvidia-ml.so.1"): "lib/libnvidia-ml.so.1"},
@@ -128,6 +129,7 @@ def real_smi_outputs(profile: str, node_name: str, driver_version: str = "535.26
             LD_LIBRARY_PATH=str(library.parent),
             GPUSIM_RUN=str(root / "run"),
             GPUSIM_STATE=str(root / "state"),
+            GPUSIM_PROC_DRIVER=str(root / "proc" / "driver"),
             GPUSIM_DEV=str(root / "dev"),
         )
         outputs = []

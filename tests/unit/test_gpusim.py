@@ -114,10 +114,18 @@ def test_device_files_appear_and_vanish_with_their_modules(sim_node, monkeypatch
         "nvidia1",
         "nvidiactl",
     ]
-    assert sorted(p.name for p in (dev / "nvidia-caps").iterdir()) == [
-        "nvidia-cap1",
-        "nvidia-cap2",
-    ]
+    # MIG's config and monitor capabilities, and the access capabilities of the
+    # profile's instances (GPU 0: GIs 1-2, GPU 1: GIs 1-7, each with CI 0), numbered
+    # as the driver lists them in /proc/driver/nvidia-caps/mig-minors.
+    minors = (node.PROC_DRIVER / "nvidia-caps" / "mig-minors").read_text().splitlines()
+    assert minors[:4] == ["config 1", "monitor 2", "gpu0/gi0/access 3", "gpu0/gi0/ci0/access 4"]
+    assert "gpu1/gi1/ci0/access 148" in minors
+    instance_caps = {12, 13, 21, 22} | {
+        m for gi in range(1, 8) for m in (138 + 9 * gi, 139 + 9 * gi)
+    }
+    assert {p.name for p in (dev / "nvidia-caps").iterdir()} == {
+        f"nvidia-cap{minor}" for minor in {1, 2} | instance_caps
+    }
     node.load_module("nvidia-uvm")
     assert (dev / "nvidia-uvm").is_char_device() and (dev / "nvidia-uvm-tools").exists()
     # The kernel refuses to unload a module another one uses: dependants go first.
@@ -126,6 +134,7 @@ def test_device_files_appear_and_vanish_with_their_modules(sim_node, monkeypatch
     node.unload_module("nvidia_uvm")
     node.unload_module("nvidia")
     assert list(dev.iterdir()) == []
+    assert not (node.PROC_DRIVER / "nvidia-caps").exists()
 
 
 def test_a_process_holding_a_gpu_keeps_the_module_loaded(sim_node, monkeypatch):

@@ -41,17 +41,25 @@ def gpu_node(sim_node, mock_nvml, monkeypatch):
         (node.RUN / "nvml" / "library-version").write_text(library_version + "\n")
         return prof
 
-    def run(*args: str, program: Path = NVIDIA_SMI) -> subprocess.CompletedProcess[str]:
+    def run(
+        *args: str, program: Path = NVIDIA_SMI, node_proc: bool = False
+    ) -> subprocess.CompletedProcess[str]:
+        """Run `program`; with node_proc, in a mount namespace whose /proc/driver is the
+        node's (programs that read /proc/driver/nvidia-caps have the path built in)."""
         env = dict(
             os.environ,
             LD_LIBRARY_PATH=str(mock_nvml.parent),
             GPUSIM_RUN=str(node.RUN),
             GPUSIM_STATE=str(node.STATE),
+            GPUSIM_PROC_DRIVER=str(node.PROC_DRIVER),
             GPUSIM_DEV=str(node.DEV),
         )
-        return subprocess.run(
-            [str(program), *args], capture_output=True, text=True, env=env, check=False
-        )
+        command = [str(program), *args]
+        if node_proc:
+            mount = 'mount --bind "$0" /proc/driver && exec "$@"'
+            command = ["unshare", "--mount", "--propagation", "private", "sh", "-c", mount,
+                       str(node.PROC_DRIVER), *command]  # fmt: skip
+        return subprocess.run(command, capture_output=True, text=True, env=env, check=False)
 
     boot.run = run  # type: ignore[attr-defined]
     return boot
@@ -140,6 +148,7 @@ def test_a_program_with_nvml_open_holds_the_driver(gpu_node, mock_nvml):
             os.environ,
             GPUSIM_RUN=str(node.RUN),
             GPUSIM_STATE=str(node.STATE),
+            GPUSIM_PROC_DRIVER=str(node.PROC_DRIVER),
             GPUSIM_DEV=str(node.DEV),
         ),
     )
@@ -184,9 +193,7 @@ def test_nvidia_ctk_generates_a_cdi_spec_for_every_profile(gpu_node, mock_nvml, 
     nvidia_ctk = Path(built.stdout.strip()) / "nvidia-ctk"
     for name in profiles.available(node.PROFILE_DIR):
         prof = profiles.load(node.PROFILE_DIR, name, "unit-node")
-        if not prof.gpus or prof.preinstalled_driver or any(g.mig for g in prof.gpus):
-            # nvidia-ctk describes a MIG device by its capability device files, which it
-            # finds in /proc/driver/nvidia-caps: the simulation has no such /proc (yet).
+        if not prof.gpus or prof.preinstalled_driver:
             continue
         gpu_node(name)
         root = node.DEV.parent
@@ -196,14 +203,27 @@ def test_nvidia_ctk_generates_a_cdi_spec_for_every_profile(gpu_node, mock_nvml, 
         nvml = libdir / "libnvidia-ml.so.1"
         if not nvml.is_symlink():
             nvml.symlink_to(mock_nvml)
-        result = gpu_node.run("cdi", "generate", f"--driver-root={root}", program=nvidia_ctk)
+        result = gpu_node.run(
+            "cdi", "generate", f"--driver-root={root}", program=nvidia_ctk, node_proc=True
+        )
         assert result.returncode == 0, f"{name}: {result.stderr[-2000:]}"
         spec = yaml.safe_load(result.stdout)
         names = [device["name"] for device in spec["devices"]]
-        expected = [str(g.index) for g in prof.gpus] + [g.uuid for g in prof.gpus] + ["all"]
+        listed = gpu_node.run("-L").stdout
+        mig_uuids = re.findall(r"UUID: (MIG-[0-9a-f-]+)", listed)
+        # 1.18 no longer offers a MIG-enabled GPU whole, only its MIG devices.
+        whole = [g for g in prof.gpus if not (g.mig and version != "1.17.8")]
+        expected = [str(g.index) for g in whole] + [g.uuid for g in whole] + ["all"]
+        expected += [f"{g.index}:{i}" for g in prof.gpus for i in range(len(g.mig))] + mig_uuids
         assert sorted(names) == sorted(expected), name
+        for device in spec["devices"]:
+            if device["name"] in mig_uuids:  # the GPU, its GPU and compute instance caps
+                paths = [n["path"] for n in device["containerEdits"]["deviceNodes"]]
+                caps = [p for p in paths if p.startswith("/dev/nvidia-caps/")]
+                assert len(caps) == 2 and all((root / p[1:]).exists() for p in caps), paths
         nodes = {n["path"] for d in spec["devices"] for n in d["containerEdits"]["deviceNodes"]}
-        assert nodes == {f"/dev/nvidia{g.index}" for g in prof.gpus}, name
+        gpu_nodes = {p for p in nodes if not p.startswith("/dev/nvidia-caps/")}
+        assert gpu_nodes == {f"/dev/nvidia{g.index}" for g in prof.gpus}, name
 
 
 # --- MIG: mode, instances and MIG devices, driven by nvidia-smi's own commands ---------

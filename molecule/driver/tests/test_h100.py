@@ -38,6 +38,8 @@ def test_nvidia_smi_is_debians_own_binary_on_the_mock_nvml(host):
     for path in ["/dev/nvidiactl", *(f"/dev/nvidia{i}" for i in range(8))]:
         assert host.run(f"test -c {path}").rc == 0, path
     assert host.file("/dev/nvidia-caps/nvidia-cap1").exists
+    # The driver's list of MIG capability minors, which nvidia-ctk reads for MIG devices.
+    assert host.file("/proc/driver/nvidia-caps/mig-minors").contains("^gpu7/gi0/access ")
 
 
 def test_only_the_fabric_manager_comes_from_the_cuda_repository(host):

@@ -9,7 +9,8 @@
  * profile's placements and its compute slices out of seven; a compute instance
  * occupies compute slices of its GPU instance; each compute instance is a MIG
  * device. Instances live in the node's run directory (a reboot loses them, as a
- * GPU reset does); the MIG mode in its state directory (the board keeps it).
+ * GPU reset does); the MIG mode, by GPU UUID, in its state directory (the board
+ * keeps it).
  * Every entry point re-reads both, since nvidia-smi and mig-parted are separate
  * processes; changes take a lock and replace the files atomically.
  */
@@ -17,6 +18,7 @@
 
 #include <dirent.h>
 #include <sys/file.h>
+#include <sys/sysmacros.h>
 
 #define MAX_GI_IDS 15     /* GPU instance ids 1..14 */
 #define MAX_CI_IDS 8      /* compute instance ids 0..7 */
@@ -66,6 +68,35 @@ static int state_path(char *out, size_t size, const char *name)
 {
     int n = snprintf(out, size, "%s/%s", state_dir(), name);
     return n > 0 && (size_t)n < size;
+}
+
+/*
+ * The device file of a MIG capability ("gpu0/gi1/access"), which NVML has
+ * nvidia-modprobe create when an instance appears: its minor is the one the driver
+ * lists in /proc/driver/nvidia-caps/mig-minors (GPUSIM_PROC_DRIVER on a simulated
+ * node). Without that list, or without the right to create device files, no file.
+ */
+static void create_cap_device(const char *cap)
+{
+    const char *proc = getenv("GPUSIM_PROC_DRIVER");
+    char path[PATH_MAX], line[128], name[96];
+    unsigned int minor;
+    FILE *file;
+    int found = 0;
+    snprintf(path, sizeof path, "%s/nvidia-caps/mig-minors", proc && *proc ? proc : "/proc/driver");
+    if (!(file = fopen(path, "re")))
+        return;
+    while (!found && fgets(line, sizeof line, file))
+        found = sscanf(line, "%95s %u", name, &minor) == 2 && !strcmp(name, cap);
+    fclose(file);
+    if (!found)
+        return;
+    snprintf(path, sizeof path, "%s/nvidia-caps", dev_dir());
+    mkdir(path, 0755);
+    snprintf(path, sizeof path, "%s/nvidia-caps/nvidia-cap%u", dev_dir(), minor);
+    /* numbered like the node's other device files (1:3, see the simulation kit) */
+    if (mknod(path, S_IFCHR | 0444, makedev(1, 3)) == 0)
+        chmod(path, 0444);
 }
 
 static unsigned int gpu_number(const struct nvmlDevice_st *gpu)
@@ -152,13 +183,15 @@ void mig_load(void)
         fclose(file);
     }
     if (state_path(path, sizeof path, "mig-mode") && (file = fopen(path, "re"))) {
-        unsigned int gpu;
+        char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
         int current, pending;
         while (fgets(line, sizeof line, file))
-            if (sscanf(line, "%u %d %d", &gpu, &current, &pending) == 3 && gpu < MAX_GPUS) {
-                mig[gpu].current = current;
-                mig[gpu].pending = pending;
-            }
+            if (sscanf(line, "%95s %d %d", uuid, &current, &pending) == 3)
+                for (unsigned int i = 0; i < node.count; i++)
+                    if (!strcmp(node.gpus[i].uuid, uuid)) {
+                        mig[i].current = current;
+                        mig[i].pending = pending;
+                    }
         fclose(file);
     }
     if (run_path(path, sizeof path, "nvml/mig-instances") && (file = fopen(path, "re"))) {
@@ -187,7 +220,7 @@ static void write_modes(FILE *file)
 {
     for (unsigned int i = 0; i < node.count; i++)
         if (node.gpus[i].mig_capable)
-            fprintf(file, "%u %d %d\n", i, mig[i].current, mig[i].pending);
+            fprintf(file, "%s %d %d\n", node.gpus[i].uuid, mig[i].current, mig[i].pending);
 }
 
 static void write_instances(FILE *file)
@@ -579,6 +612,9 @@ static nvmlReturn_t create_gi(nvmlDevice_t device, unsigned int id, const nvmlGp
                                                                 .profile = (unsigned int)index, .start = start};
                     out->handle = &mig[n].gis[g];
                     rc = NVML_SUCCESS;
+                    char cap[64];
+                    snprintf(cap, sizeof cap, "gpu%u/gi%u/access", gpu->index, g);
+                    create_cap_device(cap);
                     break;
                 }
             break;
@@ -828,6 +864,9 @@ static nvmlReturn_t create_ci(nvmlGpuInstance_t handle, unsigned int profile,
                                                              .start = start};
                 out->handle = &gi->cis[c];
                 rc = NVML_SUCCESS;
+                char cap[64];
+                snprintf(cap, sizeof cap, "gpu%u/gi%u/ci%u/access", node.gpus[gi->gpu].index, gi->id, c);
+                create_cap_device(cap);
                 break;
             }
     }

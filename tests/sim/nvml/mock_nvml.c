@@ -18,7 +18,7 @@
  *
  * and in GPUSIM_STATE (default /var/lib/gpusim), which a reboot keeps:
  *
- *   mig-mode              per GPU its current and pending MIG mode (the board keeps
+ *   mig-mode              per GPU UUID its current and pending MIG mode (the board keeps
  *                         its MIG mode across reboots; a pending one applies at reset)
  *
  * and the device files of the loaded module are in GPUSIM_DEV (default /dev).

@@ -31,6 +31,10 @@ MARKER = Path(os.environ.get("GPUSIM_MARKER", "/etc/gpusim-node"))
 PROFILE_DIR = HOME / "profiles"
 SYS = RUN / "sys"
 STATE = Path(os.environ.get("GPUSIM_STATE", "/var/lib/gpusim"))
+# The driver's /proc entries: a node's /proc/driver is a tmpfs its creator mounts (a
+# container cannot add files to /proc otherwise); where it is not writable they are
+# left out.
+PROC_DRIVER = Path(os.environ.get("GPUSIM_PROC_DRIVER", "/proc/driver"))
 DEV = Path(os.environ.get("GPUSIM_DEV", "/dev"))
 # The real driver's device files are character devices of major 195 (and a dynamic
 # major for nvidia-uvm), which the host kernel under a container has no driver for:
@@ -209,8 +213,13 @@ def device_files(name: str, prof: profiles.Profile) -> list[Path]:
     if name == "nvidia":
         names = ["nvidiactl", *(f"nvidia{gpu.index}" for gpu in prof.gpus)]
         if any(gpu.mig_capable for gpu in prof.gpus):
-            # MIG's config and monitor capabilities (nvidia-cap1, nvidia-cap2).
+            # MIG's config and monitor capabilities (nvidia-cap1, nvidia-cap2), and
+            # those of instances, which NVML creates as it creates the instances.
             names += ["nvidia-caps/nvidia-cap1", "nvidia-caps/nvidia-cap2"]
+            names += sorted(
+                {f"nvidia-caps/{p.name}" for p in (DEV / "nvidia-caps").glob("nvidia-cap*")}
+                - set(names)
+            )
     elif name == "nvidia_uvm":
         names = ["nvidia-uvm", "nvidia-uvm-tools"]
     elif name == "nvidia_modeset":
@@ -311,42 +320,91 @@ def write_nvml_gpus(prof: profiles.Profile, directory: Path | None = None) -> No
 _WHOLE_COMPUTE_INSTANCE = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4}
 
 
-def _first_boot_instances(prof: profiles.Profile) -> list[str]:
-    """The profile's MIG layout as nvml/mig-instances lines: GPU instances in the order
-    given, each at its first free placement, with one whole-size compute instance."""
+def _first_boot_instances(gpu: profiles.Gpu) -> list[str]:
+    """A board's MIG layout from the profile as nvml/mig-instances lines: GPU instances
+    in the order given, each at its first free placement, with one whole-size compute
+    instance."""
+    offered = {p.name: p for p in gpu.mig_profiles}
+    taken: set[int] = set()
     lines = []
-    for gpu in prof.gpus:
-        offered = {p.name: p for p in gpu.mig_profiles}
-        taken: set[int] = set()
-        for gi_id, name in enumerate(gpu.mig, start=1):
-            p = offered[name]
-            start = next(
-                s for s in p.starts if not taken & set(range(s, s + p.size))
-            )  # a profile's layout that does not fit is a broken fixture: fail loudly
-            taken |= set(range(start, start + p.size))
-            lines.append(f"gi {gpu.index} {gi_id} {p.index} {start}")
-            lines.append(f"ci {gpu.index} {gi_id} 0 {_WHOLE_COMPUTE_INSTANCE[p.slices]} 0")
+    for gi_id, name in enumerate(gpu.mig, start=1):
+        p = offered[name]
+        # a profile's layout that does not fit is a broken fixture: next() fails loudly
+        start = next(s for s in p.starts if not taken & set(range(s, s + p.size)))
+        taken |= set(range(start, start + p.size))
+        lines.append(f"gi {gpu.index} {gi_id} {p.index} {start}")
+        lines.append(f"ci {gpu.index} {gi_id} 0 {_WHOLE_COMPUTE_INSTANCE[p.slices]} 0")
     return lines
 
 
 def reset_mig(prof: profiles.Profile) -> None:
-    """MIG at power-on: each board's kept MIG mode, a pending one now applied, and no
-    instances. At the node's very first boot: the profile's mode and layout."""
+    """MIG at power-on: each board keeps its MIG mode (by UUID), a pending one now
+    applied, and has no instances. A board seen for the first time comes as the
+    profile describes it: its MIG mode and the layout set up on it beforehand."""
     modes = STATE / "mig-mode"
-    instances = _nvml_dir() / "mig-instances"
+    kept: dict[str, str] = {}
     if modes.exists():
-        kept = [line.split() for line in modes.read_text(encoding="utf-8").splitlines()]
-        lines = [f"{index} {pending} {pending}" for index, _current, pending in kept]
-        instances.unlink(missing_ok=True)
-    else:
-        lines = [
-            f"{gpu.index} {int(bool(gpu.mig))} {int(bool(gpu.mig))}"
-            for gpu in prof.gpus
-            if gpu.mig_capable
-        ]
-        instances.write_text("".join(x + "\n" for x in _first_boot_instances(prof)))
+        for line in modes.read_text(encoding="utf-8").splitlines():
+            uuid, _current, pending = line.split()
+            kept[uuid] = pending
+    lines, instances = [], []
+    for gpu in prof.gpus:
+        if not gpu.mig_capable:
+            continue
+        if gpu.uuid in kept:
+            mode = kept[gpu.uuid]
+        else:
+            mode = str(int(bool(gpu.mig)))
+            instances += _first_boot_instances(gpu)
+        lines.append(f"{gpu.uuid} {mode} {mode}")
+    (_nvml_dir() / "mig-instances").write_text("".join(x + "\n" for x in instances))
     STATE.mkdir(parents=True, exist_ok=True)
     modes.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+
+
+def mig_minors(prof: profiles.Profile) -> str:
+    """/proc/driver/nvidia-caps/mig-minors: the device minor of each MIG capability
+    (config, monitor, then per GPU each GPU instance's and compute instance's access),
+    in the layout NVIDIA's MIG user guide describes."""
+    lines = ["config 1", "monitor 2"]
+    minor = 3
+    for gpu in prof.gpus:
+        for gi in range(15):
+            lines.append(f"gpu{gpu.index}/gi{gi}/access {minor}")
+            minor += 1
+            for ci in range(8):
+                lines.append(f"gpu{gpu.index}/gi{gi}/ci{ci}/access {minor}")
+                minor += 1
+    return "".join(line + "\n" for line in lines)
+
+
+def _instance_cap_files(prof: profiles.Profile) -> list[Path]:
+    """The capability device files of the MIG instances that exist (a profile's layout
+    at first boot), which NVML would have had nvidia-modprobe create."""
+    instances = _nvml_dir() / "mig-instances"
+    if not instances.exists():
+        return []
+    minors = dict(line.split() for line in mig_minors(prof).splitlines())
+    caps = []
+    for fields in (line.split() for line in instances.read_text(encoding="utf-8").splitlines()):
+        if fields[0] == "gi":
+            caps.append(f"gpu{fields[1]}/gi{fields[2]}/access")
+        elif fields[0] == "ci":
+            caps.append(f"gpu{fields[1]}/gi{fields[2]}/ci{fields[3]}/access")
+    return [DEV / "nvidia-caps" / f"nvidia-cap{minors[cap]}" for cap in caps]
+
+
+def _write_proc_driver(prof: profiles.Profile | None) -> None:
+    """The nvidia module's /proc/driver entries (None: the module is gone)."""
+    caps = PROC_DRIVER / "nvidia-caps"
+    try:
+        if prof is None:
+            shutil.rmtree(caps, ignore_errors=True)
+            return
+        caps.mkdir(parents=True, exist_ok=True)
+        (caps / "mig-minors").write_text(mig_minors(prof), encoding="utf-8")
+    except OSError:
+        pass  # a real /proc: the node was started without its /proc/driver tmpfs
 
 
 def load_module(requested: str) -> None:
@@ -392,6 +450,8 @@ def load_module(requested: str) -> None:
         f"cuda={_cuda_number(prof.cuda_version(driver.version))}\n", encoding="utf-8"
     )
     _create_device_files(device_files("nvidia", prof))
+    _write_proc_driver(prof)
+    _create_device_files(_instance_cap_files(prof))
 
 
 def unload_module(requested: str) -> None:
@@ -411,6 +471,7 @@ def unload_module(requested: str) -> None:
             raise in_use
         (RUN / "nvidia-module.json").unlink(missing_ok=True)
         (_nvml_dir() / "driver").unlink(missing_ok=True)
+        _write_proc_driver(None)
         _bind(prof, None)
     _remove_device_files(files)
     _mark_unloaded(name)
