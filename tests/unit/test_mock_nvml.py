@@ -24,6 +24,19 @@ from gpusim import node, profiles
 DRIVER = node.InstalledDriver("535.261.03", "proprietary", "package:nvidia-kernel-dkms")
 
 
+def nvml_env(mock_nvml: Path) -> dict[str, str]:
+    """The environment of an NVML program on the booted test node: the mock library and
+    the node's state directories (as the kit has them)."""
+    return dict(
+        os.environ,
+        LD_LIBRARY_PATH=str(mock_nvml.parent),
+        GPUSIM_RUN=str(node.RUN),
+        GPUSIM_STATE=str(node.STATE),
+        GPUSIM_PROC_DRIVER=str(node.PROC_DRIVER),
+        GPUSIM_DEV=str(node.DEV),
+    )
+
+
 @pytest.fixture(scope="session")
 def mock_nvml() -> Path:
     return mock_nvml_library()
@@ -46,19 +59,12 @@ def gpu_node(sim_node, mock_nvml, monkeypatch):
     ) -> subprocess.CompletedProcess[str]:
         """Run `program`; with node_proc, in a mount namespace whose /proc/driver is the
         node's (programs that read /proc/driver/nvidia-caps have the path built in)."""
-        env = dict(
-            os.environ,
-            LD_LIBRARY_PATH=str(mock_nvml.parent),
-            GPUSIM_RUN=str(node.RUN),
-            GPUSIM_STATE=str(node.STATE),
-            GPUSIM_PROC_DRIVER=str(node.PROC_DRIVER),
-            GPUSIM_DEV=str(node.DEV),
-        )
         command = [str(program), *args]
         if node_proc:
             mount = 'mount --bind "$0" /proc/driver && exec "$@"'
             command = ["unshare", "--mount", "--propagation", "private", "sh", "-c", mount,
                        str(node.PROC_DRIVER), *command]  # fmt: skip
+        env = nvml_env(mock_nvml)
         return subprocess.run(command, capture_output=True, text=True, env=env, check=False)
 
     boot.run = run  # type: ignore[attr-defined]
@@ -144,13 +150,7 @@ def test_a_program_with_nvml_open_holds_the_driver(gpu_node, mock_nvml):
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
-        env=dict(
-            os.environ,
-            GPUSIM_RUN=str(node.RUN),
-            GPUSIM_STATE=str(node.STATE),
-            GPUSIM_PROC_DRIVER=str(node.PROC_DRIVER),
-            GPUSIM_DEV=str(node.DEV),
-        ),
+        env=nvml_env(mock_nvml),
     )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "0"
