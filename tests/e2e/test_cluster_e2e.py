@@ -263,8 +263,10 @@ def test_a_driver_rollout_blocked_by_a_budget_waits_cordoned_then_ends_uncordone
 ) -> None:
     applied = cluster.kubectl("apply", "-f", "-", stdin=WORKLOAD % {"node": GPU_NODE})
     assert applied.returncode == 0, applied.stderr
+    # (rollout status, not `wait pod -l`: that fails at once while the ReplicaSet has
+    # not created the pod yet)
     waited = cluster.kubectl(
-        "wait", "-n", "e2e-ml", "--for=condition=Ready", "pod", "-l", "app=train", "--timeout=60s"
+        "rollout", "status", "-n", "e2e-ml", "deployment/train", "--timeout=60s"
     )
     assert waited.returncode == 0, waited.stderr
     (cluster.inventory / "host_vars").mkdir(exist_ok=True)
