@@ -294,8 +294,8 @@ static struct nvmlComputeInstance_st *ci_of(void *handle)
 /* A MIG device handle is its compute instance's address. */
 int is_mig_device(nvmlDevice_t device)
 {
-    if (node.initialised == 0)
-        return 0;
+    if (node.initialised == 0 || gpu_of(device))
+        return 0; /* a whole GPU: no need to read the MIG state */
     mig_load();
     return ci_of(device.handle) != NULL;
 }

@@ -71,10 +71,6 @@ class Gpu:
         """PCI address as nvidia-smi prints it: 00000000:18:00.0."""
         return f"00000000:{self.bus.upper()}:00.0"
 
-    @property
-    def mig_enabled(self) -> bool:
-        return bool(self.mig)
-
 
 @dataclass(frozen=True)
 class NvSwitch:
