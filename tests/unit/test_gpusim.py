@@ -5,6 +5,8 @@ What NVML and nvidia-smi make of a simulated node is in test_mock_nvml.py.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import discovery, pci
@@ -147,3 +149,34 @@ def test_a_process_holding_a_gpu_keeps_the_module_loaded(sim_node, monkeypatch):
         node.unload_module("nvidia")
     node.unload_module("nvidia")
     assert not node.loaded("nvidia")
+
+
+def test_the_versioned_nvml_file_holds_the_mock_while_the_package_is_installed(
+    sim_node, tmp_path, monkeypatch
+):
+    """What nvidia-ctk mounts into containers is libnvidia-ml.so.<version>, not the
+    .so.1 link: it must be the mock too, and the package's own file is kept aside."""
+    kit = tmp_path / "kit"
+    (kit / "lib").mkdir(parents=True)
+    (kit / "lib" / "libnvidia-ml.so.1").write_bytes(b"mock NVML")
+    monkeypatch.setattr(node, "HOME", kit)
+    sim_node("t4-1")
+    lib = tmp_path / "lib"
+    versioned = lib / "libnvidia-ml.so.535.261.03"
+    lib.mkdir(exist_ok=True)
+    # What dpkg leaves with the image's diversion: the package's .so.1 link moved aside.
+    versioned.write_bytes(b"NVIDIA's NVML")
+    (lib / "libnvidia-ml.so.1.gpusim-real").symlink_to(versioned.name)
+
+    node.link_driver_binaries()
+    assert versioned.read_bytes() == b"mock NVML"
+    assert (lib / "libnvidia-ml.so.535.261.03.gpusim-real").read_bytes() == b"NVIDIA's NVML"
+    assert os.readlink(lib / "libnvidia-ml.so.1") == str(kit / "lib" / "libnvidia-ml.so.1")
+    node.link_driver_binaries()  # a second dpkg run changes nothing
+    assert (lib / "libnvidia-ml.so.535.261.03.gpusim-real").read_bytes() == b"NVIDIA's NVML"
+
+    # The package removed: its file, and with it the kept real one, are gone.
+    versioned.unlink()
+    (lib / "libnvidia-ml.so.1.gpusim-real").unlink()
+    node.link_driver_binaries()
+    assert sorted(p.name for p in lib.iterdir()) == []

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -55,17 +57,18 @@ def gpu_node(sim_node, mock_nvml, monkeypatch):
         return prof
 
     def run(
-        *args: str, program: Path = NVIDIA_SMI, node_proc: bool = False
+        *args: str, program: Path = NVIDIA_SMI, node_proc: bool = False, **env: str
     ) -> subprocess.CompletedProcess[str]:
         """Run `program`; with node_proc, in a mount namespace whose /proc/driver is the
-        node's (programs that read /proc/driver/nvidia-caps have the path built in)."""
+        node's (programs that read /proc/driver/nvidia-caps have the path built in);
+        `env` adds to the environment."""
         command = [str(program), *args]
         if node_proc:
             mount = 'mount --bind "$0" /proc/driver && exec "$@"'
             command = ["unshare", "--mount", "--propagation", "private", "sh", "-c", mount,
                        str(node.PROC_DRIVER), *command]  # fmt: skip
-        env = nvml_env(mock_nvml)
-        return subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+        full_env = nvml_env(mock_nvml) | env
+        return subprocess.run(command, capture_output=True, text=True, env=full_env, check=False)
 
     boot.run = run  # type: ignore[attr-defined]
     return boot
@@ -239,6 +242,50 @@ def test_a_mig_layout_set_up_before_the_first_boot_is_what_nvidia_smi_lists(gpu_
     assert [(m["gpu_instance_id"], m["memory_mib"], m["multiprocessor_count"]) for m in gpu1] == [
         (gi, 4864, 14) for gi in range(1, 8)
     ]
+
+
+@pytest.fixture
+def persistence_socket(tmp_path):
+    """The simulated persistence daemon's socket, answering as the kit's daemon does."""
+    path = tmp_path / "socket"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(4)
+
+    def serve() -> None:
+        while True:
+            try:
+                client, _ = server.accept()
+            except OSError:
+                return
+            with client:
+                client.sendall(node.nvml_snapshot())
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield path
+    server.close()
+
+
+def test_in_a_container_nvml_reads_the_node_through_the_persistence_daemon(
+    gpu_node, persistence_socket, tmp_path
+):
+    """A container has the device files and the daemon's socket (the CDI spec mounts
+    both), not the node's state: what nvidia-smi lists there is what the host lists,
+    MIG devices included; changes are refused as in an unprivileged container."""
+    gpu_node("a100-mig")
+    on_host = gpu_node.run("-L")
+    absent = str(tmp_path / "absent")
+    inside = {"GPUSIM_RUN": absent, "GPUSIM_STATE": absent}
+    listed = gpu_node.run("-L", GPUSIM_NVML_SOCKET=str(persistence_socket), **inside)
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    assert "MIG 3g.20gb" in listed.stdout
+    assert listed.stdout == on_host.stdout
+    refused = gpu_node.run("-pm", "1", GPUSIM_NVML_SOCKET=str(persistence_socket), **inside)
+    assert refused.returncode != 0
+    assert not node.persistence_enabled()
+    no_daemon = gpu_node.run("-L", GPUSIM_NVML_SOCKET=absent, **inside)
+    assert no_daemon.returncode == 9
+    assert "couldn't communicate with the NVIDIA driver" in no_daemon.stdout
 
 
 def test_gpu_instances_follow_the_boards_placement_rules(gpu_node):

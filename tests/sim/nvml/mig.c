@@ -177,12 +177,13 @@ void mig_load(void)
         memset(mig[i].gis, 0, sizeof mig[i].gis);
         mig[i].current = mig[i].pending = NVML_DEVICE_MIG_DISABLE;
     }
-    if (run_path(path, sizeof path, "nvml/mig-profiles") && (file = fopen(path, "re"))) {
+    if ((file = open_run("nvml/mig-profiles"))) {
         while (fgets(line, sizeof line, file))
             parse_profile(line);
         fclose(file);
     }
-    if (state_path(path, sizeof path, "mig-mode") && (file = fopen(path, "re"))) {
+    if ((file = remote_active() ? remote_open("state/mig-mode")
+                                : state_path(path, sizeof path, "mig-mode") ? fopen(path, "re") : NULL)) {
         char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
         int current, pending;
         while (fgets(line, sizeof line, file))
@@ -194,7 +195,7 @@ void mig_load(void)
                     }
         fclose(file);
     }
-    if (run_path(path, sizeof path, "nvml/mig-instances") && (file = fopen(path, "re"))) {
+    if ((file = open_run("nvml/mig-instances"))) {
         while (fgets(line, sizeof line, file))
             load_instance(line);
         fclose(file);
@@ -241,6 +242,8 @@ static nvmlReturn_t save(void)
 {
     char path[PATH_MAX];
     nvmlReturn_t rc;
+    if (remote_active())
+        return NVML_ERROR_NO_PERMISSION;
     if (!state_path(path, sizeof path, "mig-mode") || (rc = replace_file(path, write_modes)) != NVML_SUCCESS)
         return NVML_ERROR_UNKNOWN;
     if (!run_path(path, sizeof path, "nvml/mig-instances"))

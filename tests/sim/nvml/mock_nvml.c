@@ -21,7 +21,9 @@
  *   mig-mode              per GPU UUID its current and pending MIG mode (the board keeps
  *                         its MIG mode across reboots; a pending one applies at reset)
  *
- * and the device files of the loaded module are in GPUSIM_DEV (default /dev).
+ * and the device files of the loaded module are in GPUSIM_DEV (default /dev). Inside a
+ * container, which has the device files but none of these, the same files come from
+ * the simulated persistence daemon (remote.c).
  *
  * Types and constants come from NVIDIA's nvml.h as published in the go-nvml
  * module (tests/sim/nvml/go.mod pins it); the code is ours. Entry points this file
@@ -54,12 +56,19 @@ int run_path(char *out, size_t size, const char *name)
     return n > 0 && (size_t)n < size;
 }
 
+FILE *open_run(const char *name)
+{
+    char path[PATH_MAX];
+    if (remote_active())
+        return remote_open(name);
+    return run_path(path, sizeof path, name) ? fopen(path, "re") : NULL;
+}
+
 /* First line of a file under the run dir, without its newline; 0 if unreadable. */
 int read_line(const char *name, char *out, size_t size)
 {
-    char path[PATH_MAX];
-    FILE *file;
-    if (!run_path(path, sizeof path, name) || !(file = fopen(path, "re")))
+    FILE *file = open_run(name);
+    if (!file)
         return 0;
     if (!fgets(out, (int)size, file)) {
         fclose(file);
@@ -74,6 +83,8 @@ int exists(const char *name)
 {
     char path[PATH_MAX];
     struct stat st;
+    if (remote_active())
+        return remote_exists(name);
     return run_path(path, sizeof path, name) && stat(path, &st) == 0;
 }
 
@@ -143,7 +154,13 @@ static nvmlReturn_t load_node(void)
     char line[1024];
     char path[PATH_MAX];
     FILE *file;
+    struct stat st;
 
+    /* No simulated module files here: a container on a simulated node. */
+    if (stat(run_dir(), &st) == 0)
+        remote_drop();
+    else if (!remote_load())
+        return NVML_ERROR_DRIVER_NOT_LOADED;
     if (!exists("sys/module/nvidia") ||
         !read_line("sys/module/nvidia/version", node.driver_version, sizeof node.driver_version))
         return NVML_ERROR_DRIVER_NOT_LOADED;
@@ -160,7 +177,7 @@ static nvmlReturn_t load_node(void)
         return errno == EACCES ? NVML_ERROR_NO_PERMISSION : NVML_ERROR_DRIVER_NOT_LOADED;
 
     node.count = 0;
-    if (run_path(path, sizeof path, "nvml/gpus") && (file = fopen(path, "re"))) {
+    if ((file = open_run("nvml/gpus"))) {
         while (node.count < MAX_GPUS && fgets(line, sizeof line, file)) {
             if (line[0] == '\n' || line[0] == '#')
                 continue;
@@ -745,7 +762,7 @@ EXPORT nvmlReturn_t nvmlDeviceSetPersistenceMode(nvmlDevice_t device, nvmlEnable
 {
     char path[PATH_MAX];
     REQUIRE_DEVICE(device);
-    if (geteuid() != 0)
+    if (geteuid() != 0 || remote_active())
         return NVML_ERROR_NO_PERMISSION;
     if (!run_path(path, sizeof path, "persistence-mode"))
         return NVML_ERROR_UNKNOWN;

@@ -56,6 +56,8 @@ const char *dev_dir(void);
 int run_path(char *out, size_t size, const char *name);
 int read_line(const char *name, char *out, size_t size);
 int exists(const char *name);
+/* A file under the run dir, opened for reading (from the snapshot in a container). */
+FILE *open_run(const char *name);
 void copy(char *dst, size_t size, const char *src);
 nvmlReturn_t put_string(char *out, unsigned int length, const char *value);
 
@@ -87,5 +89,12 @@ nvmlReturn_t mig_device_uuid(nvmlDevice_t device, char *uuid, unsigned int lengt
 nvmlReturn_t mig_device_memory(nvmlDevice_t device, unsigned long long *total_mib);
 nvmlReturn_t mig_handle_by_uuid(const char *uuid, nvmlDevice_t *device);
 int mig_enabled(const struct nvmlDevice_st *gpu);
+
+/* remote.c: the node's state inside a container, from the simulated persistence daemon. */
+int remote_load(void);
+void remote_drop(void);
+int remote_active(void);
+int remote_exists(const char *name);
+FILE *remote_open(const char *name);
 
 #endif

@@ -8,9 +8,11 @@ nvidia-persistenced. Each refuses to run on a host that is not a simulated node.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -63,6 +65,9 @@ def rmmod(argv: Sequence[str]) -> int:
 
 
 PERSISTENCED_PIDFILE = Path("/var/run/nvidia-persistenced/nvidia-persistenced.pid")
+# The real daemon's RPC socket, which `nvidia-ctk cdi generate` mounts into containers;
+# here it serves the mock NVML inside them (node.nvml_snapshot).
+PERSISTENCED_SOCKET = Path("/var/run/nvidia-persistenced/socket")
 
 
 def persistenced(argv: Sequence[str]) -> int:
@@ -91,6 +96,7 @@ def persistenced(argv: Sequence[str]) -> int:
 
     def stop(_signum: int, _frame: object) -> None:
         flag.unlink(missing_ok=True)
+        PERSISTENCED_SOCKET.unlink(missing_ok=True)
         PERSISTENCED_PIDFILE.unlink(missing_ok=True)
         os._exit(0)
 
@@ -101,9 +107,16 @@ def persistenced(argv: Sequence[str]) -> int:
         os.dup2(devnull, fd)
     flag.touch()
     PERSISTENCED_PIDFILE.parent.mkdir(parents=True, exist_ok=True)
+    PERSISTENCED_SOCKET.unlink(missing_ok=True)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(PERSISTENCED_SOCKET))
+    PERSISTENCED_SOCKET.chmod(0o666)
+    server.listen(16)
     PERSISTENCED_PIDFILE.write_text(f"{os.getpid()}\n")
     while held:
-        signal.pause()
+        client, _ = server.accept()
+        with client, contextlib.suppress(OSError):
+            client.sendall(node.nvml_snapshot())
     return 1
 
 

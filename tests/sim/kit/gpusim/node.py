@@ -12,6 +12,7 @@ MIG mode) under /var/lib/gpusim.
 from __future__ import annotations
 
 import contextlib
+import filecmp
 import glob
 import json
 import os
@@ -273,6 +274,33 @@ def holders(paths: list[Path]) -> list[tuple[int, str]]:
 
 def _nvml_dir() -> Path:
     return RUN / "nvml"
+
+
+def nvml_snapshot() -> bytes:
+    """What the mock NVML reads of the node, for the library inside a container.
+
+    A container has none of the node's files under RUN, so the mock asks the
+    simulated persistence daemon, which answers with this (format in
+    tests/sim/nvml/remote.c): the module's files, NVML's files, persistence mode,
+    and the MIG modes a reboot keeps (as "state/mig-mode").
+    """
+    files = [
+        path
+        for top in (RUN / "sys" / "module", _nvml_dir())
+        for path in sorted(top.rglob("*"))
+        if path.is_file() and not path.name.endswith((".lock", ".tmp"))
+    ]
+    out = bytearray()
+    for path, name in [(path, str(path.relative_to(RUN))) for path in files] + [
+        (RUN / "persistence-mode", "persistence-mode"),
+        (STATE / "mig-mode", "state/mig-mode"),
+    ]:
+        try:
+            data = path.read_bytes()
+        except OSError:
+            continue
+        out += f"{name} {len(data)}\n".encode() + data
+    return bytes(out)
 
 
 def _cuda_number(version: str) -> int:
@@ -632,6 +660,33 @@ def _library_version(prof: profiles.Profile) -> str | None:
     return prof.preinstalled_driver
 
 
+def _mock_the_versioned_library() -> None:
+    """Make the driver's versioned NVML file hold the mock as well.
+
+    libnvidia-ml.so.1 (diverted above) points at libnvidia-ml.so.<version>, and that
+    versioned file is what `nvidia-ctk cdi generate` mounts into containers. The
+    package's real file is kept beside it as <file>.gpusim-real, and dropped once the
+    package has removed the file it belongs to.
+    """
+    link = Path(LIBNVML_LINK + REAL_SUFFIX)
+    mock = HOME / DIVERTED[LIBNVML_LINK]
+    if link.is_symlink():
+        versioned = link.parent / os.readlink(link)
+        if (
+            versioned.is_file()
+            and not versioned.is_symlink()
+            and not filecmp.cmp(versioned, mock, shallow=False)
+        ):
+            os.replace(versioned, versioned.with_name(versioned.name + REAL_SUFFIX))
+            staged = versioned.with_name(versioned.name + ".gpusim-new")
+            shutil.copyfile(mock, staged)
+            staged.chmod(0o644)
+            os.replace(staged, versioned)
+    for kept in link.parent.glob("libnvidia-ml.so.*" + REAL_SUFFIX):
+        if kept != link and not os.path.lexists(str(kept)[: -len(REAL_SUFFIX)]):
+            kept.unlink()
+
+
 def link_driver_binaries() -> None:
     """Put a simulated file wherever the real one is installed, and only there.
 
@@ -651,6 +706,7 @@ def link_driver_binaries() -> None:
             _ensure_link(Path(path), HOME / wanted[path])
         elif _is_our_link(Path(path)):
             Path(path).unlink()
+    _mock_the_versioned_library()
     version_file = _nvml_dir() / "library-version"
     version = _library_version(prof)
     if version:
