@@ -89,8 +89,12 @@ def test_markers_and_check_mode_changes_nothing(host):
     assert run["stats"]["gpufleet-rt-t4"]["changed"] == 0
     validator = outcome(run, "validator_stage")
     assert validator["status"] == "ready"
-    # toolkit-ready came from nvidia-smi in a container through the NVIDIA runtime.
-    assert validator["toolkit"].startswith("nvidia-smi in a container through")
+    # toolkit-ready came from nvidia-smi in a container that NVIDIA's runtime edited
+    # from the CDI spec (the container's root has no NVIDIA file of its own).
+    assert validator["toolkit"] == (
+        "nvidia-smi in a container through /usr/bin/nvidia-container-runtime"
+        " (NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=all)"
+    )
     assert validator["cuda"].startswith("skipped: no CUDA sample configured")
 
 
@@ -148,8 +152,14 @@ def test_toolkit_upgrade_and_cdi_spec_follows_the_driver(host):
         assert host.package(package).version.startswith("1.18.0-"), package
     spec = host.file("/etc/cdi/nvidia.yaml").content_string
     assert "libnvidia-ml.so.535.261.03" in spec and "535.309.01" not in spec
+    # What NVML in a container reaches the (simulated) driver through here.
+    assert "containerPath: /run/nvidia-persistenced/socket" in spec
     # 1.18 ships the refresh units: enabled, and writing our spec path.
     assert host.service("nvidia-cdi-refresh.path").is_enabled
     dropin = host.file("/etc/systemd/system/nvidia-cdi-refresh.service.d/gpufleet.conf")
     assert "--output=/etc/cdi/nvidia.yaml" in dropin.content_string
     assert host.file(f"{MARKERS}/toolkit-ready").exists
+    # NVIDIA's 1.18 runtime and hooks, the driver swapped under them.
+    assert outcome(run, "validator_stage")["toolkit"].endswith(
+        "(NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=all)"
+    )

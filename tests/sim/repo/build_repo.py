@@ -8,11 +8,13 @@ simulated nodes install from local copies laid out like the upstream ones:
     <out>/cuda/repos/debian12/x86_64/                       flat repo, suite "/"
     <out>/cuda/repos/debian12/x86_64/3bf863cc.pub           its signing key
 
-Package names, versions and installed paths are the upstream ones. `nvidia-ctk` and
-`nvidia-cdi-hook` are NVIDIA's own, built from the container toolkit's Go module at
-each version (tests/sim/toolkit/build.sh), with the default config.toml that
-`nvidia-ctk config default` writes; the other contents are small stand-ins
-(tests/sim/repo/standins) that behave enough like upstream for the roles. Each
+Package names, versions and installed paths are the upstream ones. `nvidia-ctk`,
+`nvidia-container-runtime`, `nvidia-container-runtime-hook` and `nvidia-cdi-hook` are
+NVIDIA's own, built from the container toolkit's Go module at each version
+(tests/sim/toolkit/build.sh), with the default config.toml that `nvidia-ctk config
+default` writes; the other contents (libnvidia-container, DCGM, dcgm-exporter, the
+fabric manager) are small stand-ins (tests/sim/repo/standins) that behave enough like
+upstream for the roles. Each
 repository is signed with a throwaway key made when it is built, so apt's signature
 checking is exercised for real. The output is rebuilt only when this file, the
 stand-ins or the toolkit's build change.
@@ -80,7 +82,7 @@ def packages() -> list[Package]:
         up = _upstream(version)
         tool_files = {
             "/usr/bin/nvidia-ctk": (REAL + "nvidia-ctk", 0o755),
-            "/usr/bin/nvidia-container-runtime": ("nvidia-container-runtime", 0o755),
+            "/usr/bin/nvidia-container-runtime": (REAL + "nvidia-container-runtime", 0o755),
             "/usr/bin/nvidia-cdi-hook": (REAL + "nvidia-cdi-hook", 0o755),
             "/etc/nvidia-container-runtime/config.toml": (DEFAULT_CONFIG, 0o644),
         }
@@ -115,7 +117,7 @@ def packages() -> list[Package]:
                 "nvidia-container-toolkit-base",
                 version,
                 TOOLKIT_REPO,
-                "NVIDIA Container Toolkit base (gpufleet stand-in)",
+                "NVIDIA Container Toolkit base (gpufleet build of NVIDIA's binaries)",
                 files=tool_files,
                 conffiles=("/etc/nvidia-container-runtime/config.toml",),
             ),
@@ -123,7 +125,7 @@ def packages() -> list[Package]:
                 "nvidia-container-toolkit",
                 version,
                 TOOLKIT_REPO,
-                "NVIDIA Container Toolkit (gpufleet stand-in)",
+                "NVIDIA Container Toolkit (gpufleet build of NVIDIA's hook)",
                 depends=(
                     f"nvidia-container-toolkit-base (= {version}), "
                     f"libnvidia-container-tools (>= {version}), "
@@ -131,7 +133,7 @@ def packages() -> list[Package]:
                 ),
                 files={
                     "/usr/bin/nvidia-container-runtime-hook": (
-                        "nvidia-container-runtime-hook",
+                        REAL + "nvidia-container-runtime-hook",
                         0o755,
                     )
                 },
