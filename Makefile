@@ -19,7 +19,7 @@ export ANSIBLE_FORCE_COLOR ?= 0
 export NO_COLOR ?= 1
 export PY_COLORS ?= 0
 
-.PHONY: help deps venv consumers toolkit image repo fleet fleet-down fleet-status controlplane cluster cluster-down demo test lint unit e2e molecule molecule-cluster bench clean
+.PHONY: help deps venv consumers toolkit migparted image repo fleet fleet-down fleet-status controlplane cluster cluster-down demo test lint unit e2e molecule molecule-cluster bench clean
 
 help:
 	@echo "make demo    start the simulated GPU fleet and run the main job on it"
@@ -87,7 +87,12 @@ consumers:
 toolkit:
 	@bash tests/sim/toolkit/build.sh
 
-unit: venv consumers toolkit
+# NVIDIA's mig-parted, built from its pinned Go module into ~/.cache/gpufleet: run on the
+# mock NVML by tests/unit/test_mig_parted.py.
+migparted:
+	@bash tests/sim/migparted/build.sh
+
+unit: venv consumers toolkit migparted
 	pytest
 
 # The reconciler against a small simulated fleet, through real ansible-runner, and

@@ -527,6 +527,33 @@ _OTHER_PCI_DEVICES = (
 )
 
 
+# The kernel's `resource` file: one line per region (six BARs, the expansion ROM, and
+# six windows only bridges and SR-IOV devices use), "start end flags" in hex, unused
+# regions all zero. Flags as the kernel sets them (IORESOURCE_MEM, _PREFETCH, _MEM_64,
+# _SIZEALIGN).
+_MMIO = 0x40200
+_PREFETCH_64 = 0x14220C
+
+
+def _resource_file(bus: int, pci_class: int) -> str:
+    """An NVIDIA GPU's BARs: 0 registers (16 MiB), 1 framebuffer aperture (64 GiB) and
+    3 (32 MiB); any other device one 32 MiB register BAR. Placed by bus number."""
+    if pci_class >> 16 == 0x03:
+        bars = {
+            0: (0xA0000000 + (bus << 24), 16 << 20, _MMIO),
+            1: (0x200000000000 + (bus << 36), 64 << 30, _PREFETCH_64),
+            3: (0x300000000000 + (bus << 25), 32 << 20, _PREFETCH_64),
+        }
+    else:
+        bars = {0: (0x90000000 + (bus << 25), 32 << 20, _PREFETCH_64)}
+    lines = []
+    for index in range(13):
+        start, size, flags = bars.get(index, (0, 0, 0))
+        end = start + size - 1 if size else 0
+        lines.append(f"0x{start:016x} 0x{end:016x} 0x{flags:016x}")
+    return "\n".join(lines)
+
+
 def _write_pci_device(
     address: str, vendor: int, device: int, subsystem: int, pci_class: int, numa_node: int
 ) -> None:
@@ -541,6 +568,7 @@ def _write_pci_device(
         "class": f"0x{pci_class:06x}",
         "numa_node": str(numa_node),
         "enable": "1",
+        "resource": _resource_file(int(bus, 16), pci_class),
     }
     for filename, value in files.items():
         (real / filename).write_text(value + "\n")

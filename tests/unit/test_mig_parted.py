@@ -1,0 +1,171 @@
+"""NVIDIA's mig-parted on the mock NVML: the tool the MIG stage will run on nodes.
+
+`nvidia-mig-parted` is built from its published Go module (tests/sim/migparted/build.sh).
+Besides NVML it reads two kernel interfaces directly: /proc/modules (is `nvidia`
+loaded?) and the PCI devices under /sys/bus/pci/devices (which GPUs are there). This
+machine's kernel has no module support (no /proc/modules at all) and its sysfs has no
+GPUs, so the tool runs in a mount namespace that shows it the simulated node's: /proc
+is a tmpfs of links to a fresh procfs plus a `modules` file listing the loaded
+simulated modules, and /sys/bus/pci/devices is the node's simulated PCI tree.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import NVIDIA_SMI, PROJECT, mock_nvml_library
+from gpusim import node
+
+DRIVER = node.InstalledDriver("535.261.03", "proprietary", "package:nvidia-kernel-dkms")
+BUILD = PROJECT / "tests" / "sim" / "migparted" / "build.sh"
+
+# A config in mig-parted's own format (`version: v1`, `mig-configs:`), as a site has it.
+CONFIG = {
+    "version": "v1",
+    "mig-configs": {
+        "all-disabled": [{"devices": "all", "mig-enabled": False}],
+        "all-1g.5gb": [{"devices": "all", "mig-enabled": True, "mig-devices": {"1g.5gb": 7}}],
+        "all-balanced": [
+            {
+                "devices": "all",
+                "mig-enabled": True,
+                "mig-devices": {"1g.5gb": 2, "2g.10gb": 1, "3g.20gb": 1},
+            }
+        ],
+        "too-many": [{"devices": "all", "mig-enabled": True, "mig-devices": {"1g.5gb": 8}}],
+        "gpu0-1g.5gb": [{"devices": [0], "mig-enabled": True, "mig-devices": {"1g.5gb": 7}}],
+    },
+}
+
+# Shows the program the simulated node's kernel interfaces (see the module docstring).
+KERNEL_VIEW = r"""
+set -e
+real="$1" modules="$2" pci="$3" proc_driver="$4"; shift 4
+mount -t proc proc "$real"
+mount -t tmpfs tmpfs /proc
+for entry in "$real"/*; do ln -s "$entry" "/proc/${entry##*/}"; done
+rm /proc/driver && ln -s "$proc_driver" /proc/driver
+printf %s "$modules" > /proc/modules
+mount -t tmpfs tmpfs /sys/bus
+mkdir /sys/bus/pci && ln -s "$pci" /sys/bus/pci/devices
+exec "$@"
+"""
+
+
+@pytest.fixture(scope="session")
+def mig_parted() -> Path:
+    built = subprocess.run(["bash", str(BUILD)], capture_output=True, text=True, check=False)
+    assert built.returncode == 0, built.stderr
+    return Path(built.stdout.strip()) / "nvidia-mig-parted"
+
+
+@pytest.fixture
+def mig_node(sim_node, tmp_path, mig_parted, monkeypatch):
+    """A booted node with a driver loaded; `.run(*args)` runs mig-parted on it."""
+    monkeypatch.setattr(node, "nouveau_blacklisted", lambda: True)
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(CONFIG))
+    library = mock_nvml_library()
+
+    def boot(profile: str) -> None:
+        sim_node(profile, DRIVER)
+        (node.RUN / "nvml" / "library-version").write_text(DRIVER.version + "\n")
+
+    def env() -> dict[str, str]:
+        return dict(
+            os.environ,
+            LD_LIBRARY_PATH=str(library.parent),
+            GPUSIM_RUN=str(node.RUN),
+            GPUSIM_STATE=str(node.STATE),
+            GPUSIM_PROC_DRIVER=str(node.PROC_DRIVER),
+            GPUSIM_DEV=str(node.DEV),
+        )
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        real_proc = tmp_path / "realproc"
+        real_proc.mkdir(exist_ok=True)
+        modules = "".join(
+            f"{name} 1048576 0 - Live 0x0000000000000000 (POE)\n"
+            for name in sorted(set(node.MODULE_ALIASES.values()))
+            if node.loaded(name)
+        )
+        pci = node.SYS / "bus" / "pci" / "devices"
+        command = ["unshare", "--mount", "--propagation", "private", "sh", "-c", KERNEL_VIEW,
+                   "sh", str(real_proc), modules, str(pci), str(node.PROC_DRIVER),
+                   str(mig_parted), *args]  # fmt: skip
+        return subprocess.run(command, capture_output=True, text=True, env=env(), check=False)
+
+    def smi(*args: str) -> str:
+        result = subprocess.run(
+            [str(NVIDIA_SMI), *args], capture_output=True, text=True, env=env(), check=False
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+        return result.stdout
+
+    boot.run = run  # type: ignore[attr-defined]
+    boot.smi = smi  # type: ignore[attr-defined]
+    boot.config = config  # type: ignore[attr-defined]
+    return boot
+
+
+def current(mig_node) -> list[dict]:
+    exported = mig_node.run("export")
+    assert exported.returncode == 0, exported.stderr
+    return yaml.safe_load(exported.stdout)["mig-configs"]["current"]
+
+
+def test_mig_parted_applies_a_layout_and_asserts_it(mig_node):
+    mig_node("a100-pcie-2")
+    config = str(mig_node.config)
+    assert current(mig_node) == [{"devices": "all", "mig-enabled": False, "mig-devices": {}}]
+    assert mig_node.run("assert", "-f", config, "-c", "all-balanced").returncode != 0
+
+    applied = mig_node.run("apply", "-f", config, "-c", "all-balanced")
+    assert applied.returncode == 0, applied.stderr
+    assert mig_node.run("assert", "-f", config, "-c", "all-balanced").returncode == 0
+    assert current(mig_node) == [
+        {
+            "devices": "all",
+            "mig-enabled": True,
+            "mig-devices": {"1g.5gb": 2, "2g.10gb": 1, "3g.20gb": 1},
+        }
+    ]
+    # What Debian's nvidia-smi lists is what mig-parted made.
+    listed = [line.split()[1] for line in mig_node.smi("-L").splitlines() if "MIG" in line]
+    assert sorted(listed) == sorted(["1g.5gb", "1g.5gb", "2g.10gb", "3g.20gb"] * 2)
+
+    # Another layout: the instances of the first are destroyed first.
+    assert mig_node.run("apply", "-f", config, "-c", "all-1g.5gb").returncode == 0
+    listed = [line.split()[1] for line in mig_node.smi("-L").splitlines() if "MIG" in line]
+    assert listed == ["1g.5gb"] * 14
+
+    assert mig_node.run("apply", "-f", config, "-c", "all-disabled").returncode == 0
+    assert current(mig_node) == [{"devices": "all", "mig-enabled": False, "mig-devices": {}}]
+
+
+def test_a_layout_that_does_not_fit_the_gpu_fails(mig_node):
+    mig_node("a100-pcie-2")
+    config = str(mig_node.config)
+    refused = mig_node.run("apply", "-f", config, "-c", "too-many")
+    assert refused.returncode != 0
+    assert mig_node.run("assert", "-f", config, "-c", "too-many").returncode != 0
+
+
+def test_a_gpu_without_mig_is_skipped_under_all_and_refused_by_index(mig_node):
+    """mig-parted's own rule: `devices: all` passes over GPUs without MIG (so a mixed
+    node takes one layout); naming such a GPU is an error. The MIG stage's input check
+    must therefore catch MIG asked of a non-MIG node itself."""
+    mig_node("t4-1")
+    config = str(mig_node.config)
+    assert current(mig_node) == [{"devices": "all", "mig-enabled": False, "mig-devices": {}}]
+    skipped = mig_node.run("apply", "-f", config, "-c", "all-1g.5gb")
+    assert skipped.returncode == 0, skipped.stderr
+    assert "MIG" not in mig_node.smi("-L")
+    refused = mig_node.run("apply", "-f", config, "-c", "gpu0-1g.5gb")
+    assert refused.returncode != 0
+    assert "cannot set MIG mode on non MIG-capable GPU" in refused.stderr
