@@ -527,9 +527,9 @@ _OTHER_PCI_DEVICES = (
 )
 
 
-# The kernel's `resource` file: one line per region (six BARs, the expansion ROM, and
-# six windows only bridges and SR-IOV devices use), "start end flags" in hex, unused
-# regions all zero. Flags as the kernel sets them (IORESOURCE_MEM, _PREFETCH, _MEM_64,
+# The kernel's `resource` file of a device that is not a bridge: one line per region
+# (six BARs, the expansion ROM, six SR-IOV virtual function BARs), "start end flags" in
+# hex, unused regions all zero. Flags as the kernel sets them (IORESOURCE_MEM, _PREFETCH, _MEM_64,
 # _SIZEALIGN).
 _MMIO = 0x40200
 _PREFETCH_64 = 0x14220C

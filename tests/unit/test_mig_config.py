@@ -1,0 +1,227 @@
+"""MIG layouts in mig-parted's config format: our checks against NVIDIA's own.
+
+`nvidia-mig-parted assert --valid-config -f FILE -c NAME` (the real tool, built by
+tests/sim/migparted/build.sh) reads a config and selects a layout without touching a
+GPU: for every file of the corpus, it and `mig_config` must agree on whether the
+layout is valid, except where a case names the reason we are stricter.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import mig_config
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.mig_config import Gpu
+from conftest import PROJECT
+
+BUILD = PROJECT / "tests" / "sim" / "migparted" / "build.sh"
+
+BALANCED = """
+version: v1
+mig-configs:
+  all-disabled:
+    - devices: all
+      mig-enabled: false
+  all-enabled:
+    - devices: all
+      mig-enabled: true
+      mig-devices: {}
+  all-balanced:
+    - device-filter: ["0x20B010DE", "0x20F110DE"]
+      devices: all
+      mig-enabled: true
+      mig-devices: {"1g.5gb": 2, "2g.10gb": 1, "3g.20gb": 1}
+    - device-filter: "0x233010DE"
+      devices: all
+      mig-enabled: true
+      mig-devices: {"1g.10gb": 2, "2g.20gb": 1, "3g.40gb": 1}
+  first-two:
+    - devices: [0, 1]
+      mig-enabled: true
+      mig-devices: {"1c.3g.20gb": 3, "1g.10gb+me": 1}
+"""
+
+
+def entry(body: str) -> str:
+    return "version: v1\nmig-configs:\n  x:\n" + textwrap.indent(textwrap.dedent(body), "    ")
+
+
+# (case, file, layout, why we differ or None)
+CORPUS = [
+    ("every layout of a usual file", BALANCED, "all-balanced", None),
+    ("MIG off", BALANCED, "all-disabled", None),
+    ("MIG on with no devices", BALANCED, "all-enabled", None),
+    ("compute-instance and attribute profiles", BALANCED, "first-two", None),
+    ("a layout the file does not have", BALANCED, "all-1g.5gb", None),
+    ("no version", "mig-configs:\n  x:\n    - devices: all\n      mig-enabled: false\n", "x", None),
+    ("another version", BALANCED.replace("v1", "v2"), "all-disabled", None),
+    ("a key mig-parted does not know", BALANCED + "extra: 1\n", "all-disabled", None),
+    ("an empty layout", "version: v1\nmig-configs:\n  x: []\n", "x", None),
+    ("devices missing", entry("- mig-enabled: false\n"), "x", None),
+    ("mig-enabled missing", entry("- devices: all\n"), "x", None),
+    ("devices a word other than all", entry("- devices: some\n  mig-enabled: false\n"), "x", None),
+    ("MIG on without mig-devices", entry("- devices: all\n  mig-enabled: true\n"), "x", None),
+    (
+        "MIG off with devices",
+        entry("- devices: all\n  mig-enabled: false\n  mig-devices: {1g.5gb: 1}\n"),
+        "x",
+        None,
+    ),
+    (
+        "a profile name with a typo",
+        entry("- devices: all\n  mig-enabled: true\n  mig-devices: {1g.5gbx: 1}\n"),
+        "x",
+        None,
+    ),
+    (
+        "a profile name without memory",
+        entry("- devices: all\n  mig-enabled: true\n  mig-devices: {3g: 1}\n"),
+        "x",
+        None,
+    ),
+    (
+        "a repeated attribute",
+        entry("- devices: all\n  mig-enabled: true\n  mig-devices: {1g.5gb+me,me: 1}\n"),
+        "x",
+        None,
+    ),
+    (
+        "a negative count",
+        entry("- devices: all\n  mig-enabled: true\n  mig-devices: {1g.5gb: -1}\n"),
+        "x",
+        None,
+    ),
+    (
+        "every count zero",
+        entry("- devices: all\n  mig-enabled: true\n  mig-devices: {1g.5gb: 0}\n"),
+        "x",
+        None,
+    ),
+    (
+        "an unknown entry key",
+        entry("- devices: all\n  mig-enabled: false\n  gpus: 2\n"),
+        "x",
+        None,
+    ),
+    (
+        "mig-enabled not a boolean",
+        entry("- devices: all\n  mig-enabled: 3\n"),
+        "x",
+        None,
+    ),
+    (
+        "a negative GPU index",
+        entry("- devices: [-1]\n  mig-enabled: false\n"),
+        "x",
+        "mig-parted takes it and matches no GPU; a typo there would silently do nothing",
+    ),
+    (
+        "a device filter that is no PCI id",
+        entry("- device-filter: A100\n  devices: all\n  mig-enabled: false\n"),
+        "x",
+        "mig-parted takes it and matches no GPU; a typo there would silently do nothing",
+    ),
+    (
+        "a signed number in a profile name",
+        entry("- devices: all\n  mig-enabled: true\n  mig-devices: {-1g.5gb: 1}\n"),
+        "x",
+        "mig-parted's number parsing takes a sign; no MIG profile has one",
+    ),
+]
+
+
+@pytest.fixture(scope="session")
+def mig_parted() -> Path:
+    built = subprocess.run(["bash", str(BUILD)], capture_output=True, text=True, check=False)
+    assert built.returncode == 0, built.stderr
+    return Path(built.stdout.strip()) / "nvidia-mig-parted"
+
+
+def ours(text: str, name: str) -> str | None:
+    """None when we take the layout, else our message."""
+    try:
+        mig_config.select(mig_config.parse_config(yaml.safe_load(text)), name)
+    except mig_config.MigConfigError as exc:
+        return str(exc)
+    return None
+
+
+@pytest.mark.parametrize(("case", "text", "name", "why"), CORPUS, ids=[c[0] for c in CORPUS])
+def test_we_judge_a_layout_as_mig_parted_does(case, text, name, why, mig_parted, tmp_path):
+    config = tmp_path / "config.yaml"
+    config.write_text(text)
+    theirs = subprocess.run(
+        [str(mig_parted), "assert", "--valid-config", "-f", str(config), "-c", name],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    mine = ours(text, name)
+    if why is None:
+        assert (mine is None) == (theirs.returncode == 0), (case, mine, theirs.stderr)
+    else:
+        # Stricter on purpose: mig-parted takes it, we refuse, for the reason given.
+        assert theirs.returncode == 0, theirs.stderr
+        assert mine is not None
+
+
+def test_messages_say_where_and_what():
+    assert ours(BALANCED, "all-1g.5gb") == (
+        "no layout named 'all-1g.5gb'; the file has: all-balanced, all-disabled, "
+        "all-enabled, first-two"
+    )
+    text = entry("- devices: all\n  mig-enabled: true\n  mig-devices: {1g.5gbx: 1}\n")
+    assert ours(text, "x") == "'1g.5gbx' is not a MIG profile name: expected '%dgb'"
+    assert ours(entry("- devices: all\n"), "x") == "mig-configs.x[0]: missing mig-enabled"
+
+
+A100, H100, T4 = 0x20B0, 0x2330, 0x1EB8
+
+
+def layout(name: str) -> tuple[mig_config.Entry, ...]:
+    return mig_config.select(mig_config.parse_config(yaml.safe_load(BALANCED)), name)
+
+
+def test_each_gpu_gets_the_entry_its_model_matches():
+    gpus = [Gpu(0, A100, True), Gpu(1, H100, True)]
+    chosen = mig_config.per_gpu(layout("all-balanced"), gpus)
+    assert chosen[0].mig_devices == {"1g.5gb": 2, "2g.10gb": 1, "3g.20gb": 1}
+    assert chosen[1].mig_devices == {"1g.10gb": 2, "2g.20gb": 1, "3g.40gb": 1}
+
+
+def test_a_later_entry_replaces_an_earlier_one_on_the_same_gpu():
+    text = entry(
+        """
+        - devices: all
+          mig-enabled: true
+          mig-devices: {1g.5gb: 7}
+        - devices: [1]
+          mig-enabled: false
+        """
+    )
+    entries = mig_config.select(mig_config.parse_config(yaml.safe_load(text)), "x")
+    chosen = mig_config.per_gpu(entries, [Gpu(0, A100, True), Gpu(1, A100, True)])
+    assert chosen[0].mig_enabled and not chosen[1].mig_enabled
+
+
+def test_gpus_without_mig_are_passed_over_unless_named():
+    mixed = [Gpu(0, T4, False), Gpu(1, A100, True)]
+    assert set(mig_config.per_gpu(layout("all-balanced"), mixed)) == {1}
+    with pytest.raises(mig_config.MigConfigError, match="GPU 0 does not support MIG"):
+        mig_config.per_gpu(layout("first-two"), mixed)
+    with pytest.raises(mig_config.MigConfigError, match="no GPU here supports it"):
+        mig_config.per_gpu(layout("all-balanced"), [Gpu(0, T4, False)])
+    # Turning MIG off asks nothing of a GPU without it.
+    assert mig_config.per_gpu(layout("all-disabled"), [Gpu(0, T4, False)]) == {}
+
+
+def test_an_index_the_host_does_not_have_is_refused():
+    with pytest.raises(
+        mig_config.MigConfigError, match=r"GPU index 1 does not exist here \(GPUs: \[0\]\)"
+    ):
+        mig_config.per_gpu(layout("first-two"), [Gpu(0, A100, True)])
