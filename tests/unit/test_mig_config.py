@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ansible_collections.gpufleet.nvidia.plugins.module_utils import mig_config
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import mig_config, mig_profiles
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.mig_config import Gpu
 from conftest import PROJECT
 
@@ -225,3 +225,69 @@ def test_an_index_the_host_does_not_have_is_refused():
         mig_config.MigConfigError, match=r"GPU index 1 does not exist here \(GPUs: \[0\]\)"
     ):
         mig_config.per_gpu(layout("first-two"), [Gpu(0, A100, True)])
+
+
+def verdict(counts: dict[str, int], device: int = A100) -> mig_config.Verdict:
+    entries = (mig_config.Entry(None, (), True, counts),)
+    return mig_config.check(entries, [Gpu(0, device, True)])
+
+
+# Layouts for one A100 40GB and whether they fit; test_mig_parted.py has NVIDIA's
+# mig-parted apply each of them on a simulated A100 and checks it agrees.
+FIT_CASES = [
+    ({"1g.5gb": 7}, True),
+    ({"1g.5gb": 8}, False),  # 7 compute slices
+    ({"2g.10gb": 3, "1g.5gb": 1}, True),
+    ({"3g.20gb": 2}, True),
+    ({"4g.20gb": 1, "3g.20gb": 1}, True),
+    ({"4g.20gb": 1, "2g.10gb": 2}, False),  # 8 compute slices
+    ({"3g.20gb": 2, "1g.5gb": 1}, False),  # the two 3g take all memory
+    ({"1g.10gb": 4}, True),
+    ({"1g.10gb": 3, "1g.5gb": 2}, True),  # 1g.10gb at 2, 4, 6; 1g.5gb at 0 and 1
+    ({"1g.10gb": 4, "1g.5gb": 1}, False),  # memory: 4 x 2 slices is all of it
+    ({"1g.5gb+me": 2}, False),  # one media-extension instance per GPU
+    ({"7g.40gb": 1}, True),
+]
+
+
+@pytest.mark.parametrize(("counts", "fits"), FIT_CASES)
+def test_fit_on_an_a100_40gb(counts, fits):
+    result = verdict(counts)
+    assert (result.errors == ()) == fits, result.errors
+    if not fits:
+        assert "do not fit on one GPU" in result.errors[0]
+
+
+def test_a_profile_of_another_model_is_named_with_the_models_own():
+    result = verdict({"1g.10gb": 1, "3g.40gb": 1})
+    assert result.errors == (
+        "GPU 0 (A100 40GB) offers no '3g.40gb'; its profiles: 1g.5gb, 1g.5gb+me, "
+        "1g.10gb, 2g.10gb, 3g.20gb, 4g.20gb, 7g.40gb",
+    )
+    assert verdict({"3g.40gb": 2}, H100).errors == ()
+
+
+def test_models_we_do_not_know_and_compute_instances_are_left_to_mig_parted():
+    b200 = verdict({"1g.23gb": 7}, 0x2901)
+    assert b200.errors == () and b200.unchecked == ("GPU 0 (PCI device 0x2901)",)
+    nested = verdict({"1c.3g.20gb": 3})
+    assert nested.errors == () and "compute instance profiles" in nested.unchecked[0]
+    assert verdict({"1c.3g.40gb": 3}).errors  # still a profile the A100 40GB lacks
+
+
+@pytest.mark.parametrize("model", ["a100-sxm4-40gb", "a100-pcie-40gb", "h100-sxm5-80gb"])
+def test_our_table_and_the_simulated_boards_agree(model):
+    """Two encodings of NVIDIA's tables: the product's (mig_profiles) and the simulated
+    boards' (tests/sim/kit/profiles/models.yaml, which the mock NVML serves)."""
+    data = yaml.safe_load((PROJECT / "tests/sim/kit/profiles/models.yaml").read_text())
+    board = data["mig_profiles"][model]
+    ours = mig_profiles.MODELS[data["gpus"][model]["device_id"]]
+    assert set(ours.profiles) == set(board)
+    for name, spec in board.items():
+        shape = ours.geometry.shapes[ours.profiles[name]]
+        assert (shape.compute, shape.memory, list(shape.starts), shape.instances) == (
+            spec["slices"],
+            spec["size"],
+            spec["starts"],
+            spec["instances"],
+        ), name

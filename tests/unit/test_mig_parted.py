@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from test_mig_config import FIT_CASES
 
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import mig_config
 from conftest import NVIDIA_SMI, PROJECT, mock_nvml_library
 from gpusim import node
 
@@ -169,3 +171,17 @@ def test_a_gpu_without_mig_is_skipped_under_all_and_refused_by_index(mig_node):
     refused = mig_node.run("apply", "-f", config, "-c", "gpu0-1g.5gb")
     assert refused.returncode != 0
     assert "cannot set MIG mode on non MIG-capable GPU" in refused.stderr
+
+
+@pytest.mark.parametrize(("counts", "fits"), FIT_CASES)
+def test_mig_parted_agrees_with_our_fit_check(mig_node, tmp_path, counts, fits):
+    """What mig_config.check predicts before any change is what mig-parted then does."""
+    mig_node("a100-pcie-2")
+    config = tmp_path / "layout.yaml"
+    layout = {"devices": "all", "mig-enabled": True, "mig-devices": counts}
+    config.write_text(yaml.safe_dump({"version": "v1", "mig-configs": {"it": [layout]}}))
+    entries = mig_config.select(mig_config.parse_config(yaml.safe_load(config.read_text())), "it")
+    gpus = [mig_config.Gpu(i, 0x20F1, True) for i in range(2)]
+    assert (mig_config.check(entries, gpus).errors == ()) == fits
+    applied = mig_node.run("apply", "-f", str(config), "-c", "it")
+    assert (applied.returncode == 0) == fits, applied.stderr[-500:]

@@ -28,6 +28,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import mig_profiles
+
 VERSION = "v1"
 _ENTRY_KEYS = {"device-filter", "devices", "mig-enabled", "mig-devices"}
 # PCI device id and vendor id as mig-parted prints them: 0x20B010DE.
@@ -202,3 +204,51 @@ def per_gpu(entries: Sequence[Entry], gpus: Sequence[Gpu]) -> dict[int, Entry]:
     if any(e.mig_enabled for e in entries) and not any(e.mig_enabled for e in result.values()):
         raise MigConfigError("the layout enables MIG, but no GPU here supports it")
     return result
+
+
+def _gpu_instance(profile: str) -> str:
+    """The GPU instance profile a name stands for: `1c.3g.20gb` is a compute instance in
+    a `3g.20gb`; attributes stay (`1g.5gb+me`)."""
+    fields = profile.partition("+")[0].split(".")
+    return profile.split(".", 1)[1] if len(fields) == 3 else profile
+
+
+@dataclass(frozen=True)
+class Verdict:
+    errors: tuple[str, ...]  # what would fail: nothing may change
+    unchecked: tuple[str, ...]  # GPUs whose model this module cannot check
+
+
+def check(entries: Sequence[Entry], gpus: Sequence[Gpu]) -> Verdict:
+    """Whether a layout can be applied to a host's GPUs: the entries reach them as
+    mig-parted would (per_gpu), each profile is one the GPU's model offers, and each
+    GPU's instances fit on it (mig_profiles)."""
+    try:
+        chosen = per_gpu(entries, gpus)
+    except MigConfigError as exc:
+        return Verdict((str(exc),), ())
+    by_index = {gpu.index: gpu for gpu in gpus}
+    errors: list[str] = []
+    unchecked: list[str] = []
+    for index, entry in sorted(chosen.items()):
+        if not entry.mig_devices:
+            continue
+        model = mig_profiles.MODELS.get(by_index[index].pci_device_id)
+        if model is None:
+            unchecked.append(f"GPU {index} (PCI device 0x{by_index[index].pci_device_id:04X})")
+            continue
+        missing = [p for p in entry.mig_devices if _gpu_instance(p) not in model.profiles]
+        if missing:
+            errors.append(
+                f"GPU {index} ({model.name}) offers no {missing[0]!r}; "
+                f"its profiles: {', '.join(model.profiles)}"
+            )
+            continue
+        if any(_gpu_instance(p) != p for p in entry.mig_devices):
+            unchecked.append(f"GPU {index} (compute instance profiles: fit not checked here)")
+            continue
+        counts = {p: n for p, n in entry.mig_devices.items() if n}
+        if mig_profiles.placement(model, counts) is None:
+            wanted = ", ".join(f"{n}x {p}" for p, n in counts.items())
+            errors.append(f"GPU {index} ({model.name}): {wanted} do not fit on one GPU")
+    return Verdict(tuple(errors), tuple(unchecked))
