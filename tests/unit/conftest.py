@@ -91,6 +91,23 @@ def mock_nvml_library() -> Path:
     return Path(built.stdout.strip())
 
 
+def nvml_env(library: Path) -> dict[str, str]:
+    """The environment of an NVML program on the booted test node: the mock library and
+    the node's state directories (as the kit has them)."""
+    import os
+
+    from gpusim import node
+
+    return dict(
+        os.environ,
+        LD_LIBRARY_PATH=str(library.parent),
+        GPUSIM_RUN=str(node.RUN),
+        GPUSIM_STATE=str(node.STATE),
+        GPUSIM_PROC_DRIVER=str(node.PROC_DRIVER),
+        GPUSIM_DEV=str(node.DEV),
+    )
+
+
 def real_smi_outputs(profile: str, node_name: str, driver_version: str = "535.261.03"):
     """What Debian's nvidia-smi prints for gpu_facts on a booted node of `profile`.
 
@@ -124,14 +141,7 @@ def real_smi_outputs(profile: str, node_name: str, driver_version: str = "535.26
         ):
             node.boot()
             (root / "run" / "nvml" / "library-version").write_text(driver_version + "\n")
-        env = dict(
-            os.environ,
-            LD_LIBRARY_PATH=str(library.parent),
-            GPUSIM_RUN=str(root / "run"),
-            GPUSIM_STATE=str(root / "state"),
-            GPUSIM_PROC_DRIVER=str(root / "proc" / "driver"),
-            GPUSIM_DEV=str(root / "dev"),
-        )
+            env = nvml_env(library)
         outputs = []
         for args in (smi.query_args(), ["-q", "-x"]):
             result = subprocess.run(
@@ -187,3 +197,14 @@ def run_local_module(module: str, args: dict, *flags: str) -> dict:
         *flags,
     )
     return report["plays"][0]["tasks"][0]["hosts"]["localhost"]
+
+
+@pytest.fixture(scope="session")
+def mig_parted() -> Path:
+    """NVIDIA's nvidia-mig-parted, built by tests/sim/migparted/build.sh (make migparted)."""
+    import subprocess
+
+    build = PROJECT / "tests" / "sim" / "migparted" / "build.sh"
+    built = subprocess.run(["bash", str(build)], capture_output=True, text=True, check=False)
+    assert built.returncode == 0, built.stderr
+    return Path(built.stdout.strip()) / "bin" / "nvidia-mig-parted"

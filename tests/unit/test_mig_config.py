@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import subprocess
 import textwrap
-from pathlib import Path
 
 import pytest
 import yaml
@@ -18,8 +17,6 @@ import yaml
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import mig_config, mig_profiles
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.mig_config import Gpu
 from conftest import PROJECT
-
-BUILD = PROJECT / "tests" / "sim" / "migparted" / "build.sh"
 
 BALANCED = """
 version: v1
@@ -133,13 +130,6 @@ CORPUS = [
         "mig-parted's number parsing takes a sign; no MIG profile has one",
     ),
 ]
-
-
-@pytest.fixture(scope="session")
-def mig_parted() -> Path:
-    built = subprocess.run(["bash", str(BUILD)], capture_output=True, text=True, check=False)
-    assert built.returncode == 0, built.stderr
-    return Path(built.stdout.strip()) / "nvidia-mig-parted"
 
 
 def ours(text: str, name: str) -> str | None:

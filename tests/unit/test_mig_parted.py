@@ -4,27 +4,22 @@
 Besides NVML it reads two kernel interfaces directly: /proc/modules (is `nvidia`
 loaded?) and the PCI devices under /sys/bus/pci/devices (which GPUs are there). This
 machine's kernel has no module support (no /proc/modules at all) and its sysfs has no
-GPUs, so the tool runs in a mount namespace that shows it the simulated node's: /proc
-is a tmpfs of links to a fresh procfs plus a `modules` file listing the loaded
-simulated modules, and /sys/bus/pci/devices is the node's simulated PCI tree.
-"""
+GPUs, so the tool runs in the simulation kit's view of the node's kernel, as on the
+simulated nodes (gpusim's node.kernel_view_argv), with /proc/driver the test node's."""
 
 from __future__ import annotations
 
-import os
 import subprocess
-from pathlib import Path
 
 import pytest
 import yaml
 from test_mig_config import FIT_CASES
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import mig_config
-from conftest import NVIDIA_SMI, PROJECT, mock_nvml_library
+from conftest import NVIDIA_SMI, mock_nvml_library, nvml_env
 from gpusim import node
 
 DRIVER = node.InstalledDriver("535.261.03", "proprietary", "package:nvidia-kernel-dkms")
-BUILD = PROJECT / "tests" / "sim" / "migparted" / "build.sh"
 
 # A config in mig-parted's own format (`version: v1`, `mig-configs:`), as a site has it.
 CONFIG = {
@@ -44,27 +39,6 @@ CONFIG = {
     },
 }
 
-# Shows the program the simulated node's kernel interfaces (see the module docstring).
-KERNEL_VIEW = r"""
-set -e
-real="$1" modules="$2" pci="$3" proc_driver="$4"; shift 4
-mount -t proc proc "$real"
-mount -t tmpfs tmpfs /proc
-for entry in "$real"/*; do ln -s "$entry" "/proc/${entry##*/}"; done
-rm /proc/driver && ln -s "$proc_driver" /proc/driver
-printf %s "$modules" > /proc/modules
-mount -t tmpfs tmpfs /sys/bus
-mkdir /sys/bus/pci && ln -s "$pci" /sys/bus/pci/devices
-exec "$@"
-"""
-
-
-@pytest.fixture(scope="session")
-def mig_parted() -> Path:
-    built = subprocess.run(["bash", str(BUILD)], capture_output=True, text=True, check=False)
-    assert built.returncode == 0, built.stderr
-    return Path(built.stdout.strip()) / "nvidia-mig-parted"
-
 
 @pytest.fixture
 def mig_node(sim_node, tmp_path, mig_parted, monkeypatch):
@@ -78,33 +52,19 @@ def mig_node(sim_node, tmp_path, mig_parted, monkeypatch):
         sim_node(profile, DRIVER)
         (node.RUN / "nvml" / "library-version").write_text(DRIVER.version + "\n")
 
-    def env() -> dict[str, str]:
-        return dict(
-            os.environ,
-            LD_LIBRARY_PATH=str(library.parent),
-            GPUSIM_RUN=str(node.RUN),
-            GPUSIM_STATE=str(node.STATE),
-            GPUSIM_PROC_DRIVER=str(node.PROC_DRIVER),
-            GPUSIM_DEV=str(node.DEV),
-        )
-
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        real_proc = tmp_path / "realproc"
-        real_proc.mkdir(exist_ok=True)
-        modules = "".join(
-            f"{name} 1048576 0 - Live 0x0000000000000000 (POE)\n"
-            for name in sorted(set(node.MODULE_ALIASES.values()))
-            if node.loaded(name)
+        command = node.kernel_view_argv([str(mig_parted), *args], proc_driver=node.PROC_DRIVER)
+        return subprocess.run(
+            command, capture_output=True, text=True, env=nvml_env(library), check=False
         )
-        pci = node.SYS / "bus" / "pci" / "devices"
-        command = ["unshare", "--mount", "--propagation", "private", "sh", "-c", KERNEL_VIEW,
-                   "sh", str(real_proc), modules, str(pci), str(node.PROC_DRIVER),
-                   str(mig_parted), *args]  # fmt: skip
-        return subprocess.run(command, capture_output=True, text=True, env=env(), check=False)
 
     def smi(*args: str) -> str:
         result = subprocess.run(
-            [str(NVIDIA_SMI), *args], capture_output=True, text=True, env=env(), check=False
+            [str(NVIDIA_SMI), *args],
+            capture_output=True,
+            text=True,
+            env=nvml_env(library),
+            check=False,
         )
         assert result.returncode == 0, result.stdout + result.stderr
         return result.stdout

@@ -8,7 +8,6 @@ mock gets wrong, or a parser that misreads the real tool, fails here.
 
 from __future__ import annotations
 
-import os
 import re
 import socket
 import subprocess
@@ -20,23 +19,10 @@ import pytest
 import yaml
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import smi
-from conftest import NVIDIA_SMI, PROJECT, mock_nvml_library
+from conftest import NVIDIA_SMI, PROJECT, mock_nvml_library, nvml_env
 from gpusim import node, profiles
 
 DRIVER = node.InstalledDriver("535.261.03", "proprietary", "package:nvidia-kernel-dkms")
-
-
-def nvml_env(mock_nvml: Path) -> dict[str, str]:
-    """The environment of an NVML program on the booted test node: the mock library and
-    the node's state directories (as the kit has them)."""
-    return dict(
-        os.environ,
-        LD_LIBRARY_PATH=str(mock_nvml.parent),
-        GPUSIM_RUN=str(node.RUN),
-        GPUSIM_STATE=str(node.STATE),
-        GPUSIM_PROC_DRIVER=str(node.PROC_DRIVER),
-        GPUSIM_DEV=str(node.DEV),
-    )
 
 
 @pytest.fixture(scope="session")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import time
+
 from helpers import BLACKLIST, HELD, READY, held, version
 
 testinfra_hosts = ["podman://gpufleet-drv-h100"]
@@ -60,3 +63,48 @@ def test_persistence_daemon_and_fabric_manager_run(host):
     # Both hold the GPUs, so the module cannot go while they run.
     unload = host.run("modprobe -r nvidia")
     assert unload.rc == 1 and "Module nvidia is in use" in unload.stderr
+
+
+def test_nvidias_mig_manager_lays_the_gpus_out_again_at_every_boot(host):
+    """NVIDIA's nvidia-mig-manager package (mig-parted, its systemd service, hooks and
+    default config; from the local copy of the CUDA repository) on the simulated H100s.
+
+    The layout its service applies is what nvidia-smi and nvidia-ctk see; a reboot loses
+    the instances (as on real GPUs) and the service lays them out again at boot. Last
+    in this file: it reboots the node.
+    """
+    deb = host.check_output("ls /srv/gpufleet-repo/cuda/repos/debian12/x86_64/nvidia-mig-manager_*")
+    host.check_output(f"apt-get install -y -q {deb}")
+    assert host.service("nvidia-mig-manager").is_enabled  # as upstream's package does
+    assert "v0.10.0" in host.check_output("nvidia-mig-parted --version")
+    current = host.check_output("nvidia-mig-parted export")
+    assert "mig-enabled: false" in current
+
+    # Idle GPUs change MIG mode at once; the daemons holding them are stopped meanwhile
+    # (upstream's hooks for Hopper stop nothing, and a GPU reset is not simulated).
+    host.check_output("systemctl stop nvidia-fabricmanager nvidia-persistenced")
+    host.check_output(
+        "sed -i 's/all-disabled/all-1g.10gb/' "
+        "/etc/systemd/system/nvidia-mig-manager.service.d/override.conf"
+        " && systemctl daemon-reload && systemctl start nvidia-mig-manager"
+    )
+    host.check_output("systemctl start nvidia-persistenced nvidia-fabricmanager")
+    assert _mig_devices(host) == ["1g.10gb"] * 56
+    assert host.check_output(
+        "nvidia-mig-parted assert -f /etc/nvidia-mig-manager/config.yaml -c all-1g.10gb"
+    ).endswith("currently applied")
+    # Each instance's capability device files (a GPU and a compute instance each).
+    assert len(host.check_output("ls /dev/nvidia-caps").split()) == 2 + 2 * 56
+
+    subprocess.run(["podman", "restart", "-t", "5", "gpufleet-drv-h100"], check=True)
+    for _ in range(90):
+        if host.run("systemctl is-system-running").stdout.strip() in ("running", "degraded"):
+            break
+        time.sleep(1)
+    assert host.service("nvidia-mig-manager").is_enabled
+    assert _mig_devices(host) == ["1g.10gb"] * 56
+
+
+def _mig_devices(host) -> list[str]:
+    listed = host.check_output("nvidia-smi -L").splitlines()
+    return [line.split()[1] for line in listed if line.strip().startswith("MIG ")]

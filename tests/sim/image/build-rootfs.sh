@@ -58,13 +58,19 @@ ln -sf /opt/gpusim/bin/rmmod "$rootfs/usr/local/sbin/rmmod"
 
 # Move aside what the driver packages install that needs the driver itself: the
 # NVML library (the mock answers in its place, so Debian's nvidia-smi and every
-# other NVML program run on the simulated GPUs) and the persistence daemon. gpusim
-# keeps the replacements in step after every dpkg run.
+# other NVML program run on the simulated GPUs) and the persistence daemon; and
+# mig-parted (nvidia-mig-manager), which gpusim runs with the node's view of the
+# kernel interfaces it reads besides NVML. gpusim keeps the replacements in step
+# after every dpkg run.
 chroot "$rootfs" dpkg-divert --local --rename \
   --divert /usr/lib/x86_64-linux-gnu/nvidia/current/libnvidia-ml.so.1.gpusim-real \
   --add /usr/lib/x86_64-linux-gnu/nvidia/current/libnvidia-ml.so.1
 chroot "$rootfs" dpkg-divert --local --rename \
   --divert /usr/bin/nvidia-persistenced.gpusim-real --add /usr/bin/nvidia-persistenced
+chroot "$rootfs" dpkg-divert --local --rename \
+  --divert /usr/bin/nvidia-mig-parted.gpusim-real --add /usr/bin/nvidia-mig-parted
+install -D -m 0644 "$kit/systemd/nvidia-mig-manager-kernel-view.conf" \
+  "$rootfs/etc/systemd/system/nvidia-mig-manager.service.d/gpusim-kernel-view.conf"
 
 # A profile with a driver installed outside any package (NVIDIA's .run installer)
 # gets NVIDIA's nvidia-smi at /usr/bin: Debian's build of it, kept in the kit.

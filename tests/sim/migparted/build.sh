@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Build NVIDIA's nvidia-mig-parted from its published Go module at the version go.mod pins,
-# once, into a cache outside the clone keyed by the version and a hash of the recipe;
-# prints the directory that holds the binary. A second run, or another clone on the same
-# machine, reuses it.
+# once, into a cache outside the clone keyed by the version and a hash of the recipe, with
+# the files upstream packages beside it (its deployments/systemd: the nvidia-mig-manager
+# service, hooks and Debian maintainer scripts, taken from the same module). Prints the
+# directory: bin/nvidia-mig-parted and systemd/. A second run, or another clone on the
+# same machine, reuses it.
 #
 #   GPUFLEET_BUILD_CACHE   where built binaries live (default ~/.cache/gpufleet)
 #
@@ -25,8 +27,8 @@ cd "$here"
 version="$(go list -m -f '{{.Version}}' "$module")"
 recipe="$( (cat go.mod go.sum build.sh; go env GOVERSION) | sha256sum | cut -c1-12)"
 out="$cache_root/migparted/$version-$recipe"
-if [ -x "$out/bin/nvidia-mig-parted" ]; then
-  echo "$out/bin"
+if [ -x "$out/bin/nvidia-mig-parted" ] && [ -f "$out/systemd/nvidia-mig-manager.service" ]; then
+  echo "$out"
   exit 0
 fi
 
@@ -38,7 +40,10 @@ mkdir -p "$tmp/bin"
 go build -trimpath -o "$tmp/bin/" \
   -ldflags "-s -w -extldflags=-Wl,-z,lazy -X $module/internal/info.version=$version" \
   "$module/cmd/nvidia-mig-parted"
+source_dir="$(go list -m -f '{{.Dir}}' "$module")"
+cp -r "$source_dir/deployments/systemd" "$tmp/systemd"
+chmod -R u+w "$tmp/systemd"
 rm -rf "$out"
 mv "$tmp" "$out"
 trap - EXIT
-echo "$out/bin"
+echo "$out"

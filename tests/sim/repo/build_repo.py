@@ -42,10 +42,21 @@ EXPORTER_VERSION = "3.3.9-3.6.1-1"
 FABRICMANAGER_VERSIONS = ("535.261.03-1", "535.309.01-1", "550.127.05-1")
 LIBDIR = "/usr/lib/x86_64-linux-gnu"
 TOOLKIT_BUILD = Path(__file__).resolve().parent.parent / "toolkit" / "build.sh"
+# NVIDIA's mig-parted and the files its nvidia-mig-manager package installs (its
+# deployments/systemd), built and taken from its Go module by this script.
+MIGPARTED_BUILD = Path(__file__).resolve().parent.parent / "migparted" / "build.sh"
+MIG_MANAGER_VERSION = "0.10.0-1"
 # Sources of package files that are not stand-ins: NVIDIA's binaries of the toolkit
 # version being packaged, and the config its nvidia-ctk writes by default.
 REAL = "toolkit:"
 DEFAULT_CONFIG = "toolkit-config:"
+MIG = "mig-parted:"
+# What debhelper puts at #DEBHELPER# in nvidia-mig-manager's postinst (its rules use
+# dh --with systemd, which enables the unit on installation and does not start it).
+DH_ENABLE = (
+    'if [ "$1" = configure ]; then deb-systemd-helper enable nvidia-mig-manager.service '
+    ">/dev/null || true; fi"
+)
 
 
 @functools.cache
@@ -56,6 +67,17 @@ def toolkit_bin(upstream_version: str) -> Path:
     )
     if built.returncode != 0:
         raise RuntimeError(f"building the container toolkit {upstream_version}: {built.stderr}")
+    return Path(built.stdout.strip().splitlines()[-1])
+
+
+@functools.cache
+def migparted_dir() -> Path:
+    """Where tests/sim/migparted/build.sh put mig-parted (bin/) and upstream's systemd/."""
+    built = subprocess.run(
+        ["bash", str(MIGPARTED_BUILD)], capture_output=True, text=True, check=False
+    )
+    if built.returncode != 0:
+        raise RuntimeError(f"building mig-parted: {built.stderr}")
     return Path(built.stdout.strip().splitlines()[-1])
 
 
@@ -70,6 +92,8 @@ class Package:
     files: dict[str, tuple[str, int]] = field(default_factory=dict)
     symlinks: dict[str, str] = field(default_factory=dict)
     conffiles: tuple[str, ...] = ()
+    # maintainer script name (postinst, ...) -> source
+    scripts: dict[str, str] = field(default_factory=dict)
 
 
 def _upstream(version: str) -> str:
@@ -164,6 +188,54 @@ def packages() -> list[Package]:
             conffiles=("/etc/dcgm-exporter/default-counters.csv",),
         ),
     ]
+    systemd = "systemd/"
+    result.append(
+        Package(
+            "nvidia-mig-manager",
+            MIG_MANAGER_VERSION,
+            CUDA_REPO,
+            "NVIDIA MIG Partition Editor and systemd service (gpufleet build of NVIDIA's)",
+            # Paths and modes of upstream's packaging (deployments/systemd/packages/debian).
+            files={
+                "/usr/bin/nvidia-mig-parted": (MIG + "bin/nvidia-mig-parted", 0o755),
+                "/lib/systemd/system/nvidia-mig-manager.service": (
+                    MIG + systemd + "nvidia-mig-manager.service",
+                    0o644,
+                ),
+                "/lib/systemd/system/nvidia-gpu-reset.target": (
+                    MIG + systemd + "nvidia-gpu-reset.target",
+                    0o644,
+                ),
+                "/etc/profile.d/nvidia-mig-parted.sh": (
+                    MIG + systemd + "nvidia-mig-parted.sh",
+                    0o644,
+                ),
+                "/etc/systemd/system/nvidia-mig-manager.service.d/override.conf": (
+                    MIG + systemd + "override.conf",
+                    0o644,
+                ),
+                **{
+                    f"/etc/nvidia-mig-manager/{name}": (
+                        MIG + systemd + name,
+                        0o755 if name == "service.sh" else 0o644,
+                    )
+                    for name in (
+                        "service.sh",
+                        "utils.sh",
+                        "hooks.sh",
+                        "hooks-default.yaml",
+                        "hooks-minimal.yaml",
+                        "config-default.yaml",
+                    )
+                },
+            },
+            conffiles=("/etc/systemd/system/nvidia-mig-manager.service.d/override.conf",),
+            scripts={
+                "postinst": MIG + systemd + "packages/debian/postinst",
+                "postrm": MIG + systemd + "packages/debian/postrm",
+            },
+        )
+    )
     # NVIDIA's CUDA repository also carries driver packages under Debian's names, at
     # other branches: a node that takes its driver from Debian must never pick these.
     result += [
@@ -209,6 +281,8 @@ def _build_deb(pkg: Package, standins: Path, work: Path, out_dir: Path) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)
         if source.startswith(REAL):
             shutil.copyfile(toolkit_bin(upstream) / source.removeprefix(REAL), target)
+        elif source.startswith(MIG):
+            shutil.copyfile(migparted_dir() / source.removeprefix(MIG), target)
         elif source == DEFAULT_CONFIG:
             _run(
                 [
@@ -250,6 +324,11 @@ def _build_deb(pkg: Package, standins: Path, work: Path, out_dir: Path) -> None:
     (root / "DEBIAN" / "control").write_text("\n".join(control) + "\n")
     if pkg.conffiles:
         (root / "DEBIAN" / "conffiles").write_text("\n".join(pkg.conffiles) + "\n")
+    for script, source in pkg.scripts.items():
+        text = (migparted_dir() / source.removeprefix(MIG)).read_text()
+        target = root / "DEBIAN" / script
+        target.write_text(text.replace("#DEBHELPER#", DH_ENABLE))
+        target.chmod(0o755)
     deb = out_dir / f"{pkg.name}_{pkg.version.split(':', 1)[-1]}_amd64.deb"
     _run(
         ["dpkg-deb", "--root-owner-group", "-Zxz", "--build", str(root), str(deb)],
@@ -309,6 +388,7 @@ def source_hash(source_dir: Path) -> str:
     for version in TOOLKIT_VERSIONS:
         # The build directory is named after the toolkit's version and recipe.
         digest.update(str(toolkit_bin(_upstream(version))).encode() + b"\0")
+    digest.update(str(migparted_dir()).encode() + b"\0")
     return digest.hexdigest()[:12]
 
 

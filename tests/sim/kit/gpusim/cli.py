@@ -120,6 +120,34 @@ def persistenced(argv: Sequence[str]) -> int:
     return 1
 
 
+IN_KERNEL_VIEW = "GPUSIM_KERNEL_VIEW"
+
+
+def kernel_view(command: Sequence[str]) -> int:
+    """Run `command` with the node's view of /proc/modules and the PCI devices
+    (node.kernel_view_argv).
+
+    Inside its user namespace NVML cannot create the MIG instances' capability device
+    files (nvidia-modprobe's job on a real node); they are made once it is done.
+    """
+    if os.environ.get(IN_KERNEL_VIEW):
+        os.execvp(command[0], list(command))
+    done = subprocess.run(
+        node.kernel_view_argv(command), env=dict(os.environ, **{IN_KERNEL_VIEW: "1"}), check=False
+    )
+    node.create_instance_device_files()
+    return done.returncode
+
+
+def mig_parted(argv: Sequence[str]) -> int:
+    """NVIDIA's nvidia-mig-parted (the package's, moved aside) in the node's kernel view."""
+    real = node.real_binary("/usr/bin/nvidia-mig-parted")
+    if real is None:
+        print("nvidia-mig-parted: the nvidia-mig-manager package is not installed", file=sys.stderr)
+        return 127
+    return kernel_view([real, *argv])
+
+
 def _status() -> dict[str, object]:
     prof = node.profile()
     installed = node.installed_driver(prof)
@@ -163,6 +191,10 @@ def gpusim(argv: Sequence[str]) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("boot", help="lay out the simulated hardware (run at boot)")
     sub.add_parser("sync", help="place simulated driver binaries (dpkg post-invoke hook)")
+    view = sub.add_parser(
+        "kernel-view", help="run a command with the node's /proc/modules and PCI devices"
+    )
+    view.add_argument("argv", nargs=argparse.REMAINDER, metavar="command")
     status = sub.add_parser("status", help="what is simulated on this node")
     status.add_argument("--json", action="store_true")
     load = sub.add_parser("load", help="load a simulated module")
@@ -186,6 +218,8 @@ def gpusim(argv: Sequence[str]) -> int:
     if args.command == "sync":
         node.link_driver_binaries()
         return 0
+    if args.command == "kernel-view":
+        return kernel_view(args.argv[1:] if args.argv[:1] == ["--"] else args.argv)
     if args.command == "status":
         data = _status()
         if args.json:
@@ -212,6 +246,7 @@ ENTRY_POINTS = {
     "modprobe": modprobe,
     "rmmod": rmmod,
     "nvidia-persistenced": persistenced,
+    "nvidia-mig-parted": mig_parted,
 }
 
 

@@ -21,6 +21,7 @@ import shutil
 import socket
 import stat
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -190,6 +191,47 @@ def _bind(prof: profiles.Profile, driver: str | None) -> None:
             link.unlink()
         if driver:
             link.symlink_to(SYS / "bus" / "pci" / "drivers" / driver)
+
+
+def proc_modules() -> str:
+    """/proc/modules as the kernel would write it for the loaded simulated modules."""
+    lines = []
+    for name in sorted(set(MODULE_ALIASES.values())):
+        if loaded(name):
+            taint = (_module_dir(name) / "taint").read_text().strip()
+            lines.append(f"{name} 0 0 - Live 0x0000000000000000" + (f" ({taint})" if taint else ""))
+    return "".join(line + "\n" for line in lines)
+
+
+# NVIDIA's MIG tools read two kernel interfaces besides NVML: /proc/modules (is
+# `nvidia` loaded?) and the GPUs' directories under /sys/bus/pci/devices. A simulated
+# node has neither (the machine's kernel may have no module support at all, so no
+# /proc/modules to show a module in), so they run in a user and mount namespace of
+# their own in which /proc is a tmpfs of links to the real one plus a `modules` file,
+# and /sys/bus/pci/devices is the simulated PCI tree. Everything else is the node's.
+_KERNEL_VIEW = r"""
+set -e
+real_proc="$1" modules="$2" pci="$3" proc_driver="$4"; shift 4
+mkdir -p "$real_proc"
+mount --rbind /proc "$real_proc"
+mount -t tmpfs -o mode=0555 gpusim-proc /proc
+for entry in "$real_proc"/*; do ln -s "$entry" "/proc/${entry##*/}"; done
+printf %s "$modules" > /proc/modules
+if [ -n "$proc_driver" ]; then rm -f /proc/driver && ln -s "$proc_driver" /proc/driver; fi
+mount -t tmpfs gpusim-sys-bus /sys/bus
+mkdir /sys/bus/pci && ln -s "$pci" /sys/bus/pci/devices
+exec "$@"
+"""
+
+
+def kernel_view_argv(command: Sequence[str], proc_driver: Path | None = None) -> list[str]:
+    """`command` run in the node's view of the kernel (above). `proc_driver`: a
+    directory to show as /proc/driver (a node's is already there; a test node's not)."""
+    return [
+        "unshare", "--user", "--map-root-user", "--mount", "--propagation", "private",
+        "sh", "-c", _KERNEL_VIEW, "sh", str(RUN / "proc-view"), proc_modules(),
+        str(SYS / "bus" / "pci" / "devices"), str(proc_driver or ""), *command,
+    ]  # fmt: skip
 
 
 def _mark_loaded(name: str, version: str | None = None, taint: str = "") -> None:
@@ -482,6 +524,12 @@ def load_module(requested: str) -> None:
     _create_device_files(_instance_cap_files(prof))
 
 
+def create_instance_device_files() -> None:
+    """The capability device files of the MIG instances that exist now, where missing."""
+    if loaded("nvidia"):
+        _create_device_files(_instance_cap_files(profile()))
+
+
 def unload_module(requested: str) -> None:
     """Unload like the kernel: refused while another module or an open file uses it."""
     name = MODULE_ALIASES.get(requested, requested)
@@ -572,6 +620,12 @@ def _write_pci_device(
     }
     for filename, value in files.items():
         (real / filename).write_text(value + "\n")
+    if pci_class >> 16 == 0x03:
+        # A function-level reset, as a GPU on bare metal offers (write-only); upstream's
+        # MIG service reboots the host instead where it is missing (passthrough VMs).
+        reset = real / "reset"
+        reset.touch()
+        reset.chmod(0o200)
     link = SYS / "bus" / "pci" / "devices" / address
     link.parent.mkdir(parents=True, exist_ok=True)
     if not link.is_symlink():
@@ -654,6 +708,7 @@ LIBNVML_LINK = "/usr/lib/x86_64-linux-gnu/nvidia/current/libnvidia-ml.so.1"
 DIVERTED = {
     LIBNVML_LINK: "lib/libnvidia-ml.so.1",
     "/usr/bin/nvidia-persistenced": "bin/nvidia-persistenced",
+    "/usr/bin/nvidia-mig-parted": "bin/nvidia-mig-parted",
 }
 REAL_SUFFIX = ".gpusim-real"
 # Where NVIDIA's .run installer puts the files of a pre-installed driver, and what
