@@ -17,7 +17,7 @@ fabric manager) are small stand-ins (tests/sim/repo/standins) that behave enough
 upstream for the roles. Each
 repository is signed with a throwaway key made when it is built, so apt's signature
 checking is exercised for real. The output is rebuilt only when this file, the
-stand-ins or the toolkit's build change.
+stand-ins, the toolkit's build or mig-parted's build change.
 """
 
 from __future__ import annotations
@@ -60,25 +60,24 @@ DH_ENABLE = (
 
 
 @functools.cache
+def _built(script: Path, *args: str) -> Path:
+    """The directory a build script (tests/sim/*/build.sh) printed last; built once."""
+    built = subprocess.run(
+        ["bash", str(script), *args], capture_output=True, text=True, check=False
+    )
+    if built.returncode != 0:
+        raise RuntimeError(f"{script} {' '.join(args)}: {built.stderr}")
+    return Path(built.stdout.strip().splitlines()[-1])
+
+
 def toolkit_bin(upstream_version: str) -> Path:
     """Where tests/sim/toolkit/build.sh put the toolkit's binaries of this version."""
-    built = subprocess.run(
-        ["bash", str(TOOLKIT_BUILD), upstream_version], capture_output=True, text=True, check=False
-    )
-    if built.returncode != 0:
-        raise RuntimeError(f"building the container toolkit {upstream_version}: {built.stderr}")
-    return Path(built.stdout.strip().splitlines()[-1])
+    return _built(TOOLKIT_BUILD, upstream_version)
 
 
-@functools.cache
 def migparted_dir() -> Path:
     """Where tests/sim/migparted/build.sh put mig-parted (bin/) and upstream's systemd/."""
-    built = subprocess.run(
-        ["bash", str(MIGPARTED_BUILD)], capture_output=True, text=True, check=False
-    )
-    if built.returncode != 0:
-        raise RuntimeError(f"building mig-parted: {built.stderr}")
-    return Path(built.stdout.strip().splitlines()[-1])
+    return _built(MIGPARTED_BUILD)
 
 
 @dataclass
@@ -325,6 +324,8 @@ def _build_deb(pkg: Package, standins: Path, work: Path, out_dir: Path) -> None:
     if pkg.conffiles:
         (root / "DEBIAN" / "conffiles").write_text("\n".join(pkg.conffiles) + "\n")
     for script, source in pkg.scripts.items():
+        if not source.startswith(MIG):
+            raise ValueError(f"{pkg.name} {script}: maintainer scripts come from mig-parted")
         text = (migparted_dir() / source.removeprefix(MIG)).read_text()
         target = root / "DEBIAN" / script
         target.write_text(text.replace("#DEBHELPER#", DH_ENABLE))
