@@ -469,6 +469,12 @@ def _host_line(record: HostRecord) -> str:
     return record.status
 
 
+def _stage_text(record: HostRecord, stage: str) -> str:
+    """`stage=status`; the MIG stage names the layout it keeps: mig=ready:all-balanced."""
+    text = f"{stage}={record.stages[stage]}"
+    return f"{text}:{record.mig_layout}" if stage == "mig" and record.mig_layout else text
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     directory = _state_dir(args)
     if not (directory / "state.db").exists():
@@ -486,7 +492,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     width = max([len(h) for h in hosts] + [4])
     print(f"{'HOST':<{width}}  {'STATE':<44} {'RECONCILED':<11} CHANGED     STAGES")
     for name, record in hosts.items():
-        stages = " ".join(f"{s}={record.stages[s]}" for s in STAGES if s in record.stages)
+        stages = " ".join(_stage_text(record, s) for s in STAGES if s in record.stages)
         print(
             f"{name:<{width}}  {_host_line(record):<44} {_age(now, record.last_reconcile):<11} "
             f"{_age(now, record.last_change):<11} {stages}"

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 # The node stages in the order site.yml runs them; the role of each is its name.
-STAGES = ("driver", "toolkit", "runtime_config", "validator", "device_plugin", "exporter")
+STAGES = ("driver", "mig", "toolkit", "runtime_config", "validator", "device_plugin", "exporter")
 # Stage statuses that need no repair: those under which the next stage builds on a
 # stage (the collection's summary filter, PASSING there) and a node without GPUs.
 PASSING = ("ready", "pre-installed", "disabled", "not-a-gpu-node")
@@ -105,12 +105,15 @@ class HostRun:
     @property
     def disruptive(self) -> bool:
         """Whether applying this (planned) run would disrupt the node's workloads: a
-        driver change that reloads or reboots, or a container runtime restarted with
-        a new configuration."""
-        driver = self.stages.get("driver") or {}
+        driver change that reloads or reboots, a MIG layout change, or a container
+        runtime restarted with a new configuration."""
         runtime = self.stages.get("runtime_config") or {}
-        driver_change = bool(driver.get("disruptive")) and "driver" in self.changed_components
-        return driver_change or bool(runtime.get("changed"))
+        reloads = any(
+            bool((self.stages.get(stage) or {}).get("disruptive"))
+            and stage in self.changed_components
+            for stage in ("driver", "mig")
+        )
+        return reloads or bool(runtime.get("changed"))
 
 
 @dataclass

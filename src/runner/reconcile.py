@@ -49,8 +49,9 @@ CLUSTER_COMPONENT = "cluster"
 # Rollout phases a host passes through; the ones in UNAVAILABLE are out of service.
 UNAVAILABLE = ("cordoned", "drained", "applied", "halted")
 # Components whose drift is repaired only after a plan: putting them back can reload
-# the driver or restart a container runtime (and with it the node's workloads).
-DISRUPTIVE_COMPONENTS = ("driver", "runtime_config")
+# the driver, lay out the GPUs anew or restart a container runtime (and with it the
+# node's workloads).
+DISRUPTIVE_COMPONENTS = ("driver", "mig", "runtime_config")
 
 
 @dataclass
@@ -753,6 +754,8 @@ def _settle(record: HostRecord, desired: str) -> None:
 def _take_stages(record: HostRecord, run: HostRun) -> None:
     if run.stages:
         record.stages = {s: str(run.stages[s].get("status")) for s in STAGES if s in run.stages}
+        mig = run.stages.get("mig") or {}
+        record.mig_layout = str(mig.get("config") or "") if mig.get("status") == "ready" else ""
 
 
 def _status_from(run: HostRun, record: HostRecord) -> str:

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 DATABASE_NAME = "state.db"
 DEFAULT_HISTORY_LIMIT = 5000
 
@@ -71,7 +71,12 @@ CREATE TABLE cluster (
     last_apply REAL
 );
 """
-_MIGRATIONS = {1: _SCHEMA_2}
+# Schema 3: the MIG layout a host's last run left.
+_SCHEMA_3 = """
+ALTER TABLE hosts ADD COLUMN mig_layout TEXT NOT NULL DEFAULT '';
+"""
+# From schema N to N + 1; a new database runs all of them after _SCHEMA.
+_MIGRATIONS = {1: _SCHEMA_2, 2: _SCHEMA_3}
 
 
 class StateError(Exception):
@@ -107,6 +112,9 @@ class HostRecord:
     # The host's Node was already cordoned (by someone else) when its rollout began:
     # the rollout leaves it cordoned.
     keep_cordoned: bool = False
+    # The MIG layout (mig_config) the last run that reached the host left on it; ''
+    # where gpufleet leaves MIG alone.
+    mig_layout: str = ""
 
 
 @dataclass
@@ -205,7 +213,8 @@ class StateStore:
                 raise StateError(f"{self.path} is an SQLite database but not the runner's")
             with _transaction(db):
                 # One statement at a time: executescript() would commit on its own.
-                for statement in filter(str.strip, (_SCHEMA + _SCHEMA_2).split(";")):
+                script = _SCHEMA + "".join(_MIGRATIONS[step] for step in sorted(_MIGRATIONS))
+                for statement in filter(str.strip, script.split(";")):
                     db.execute(statement)
                 db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         elif version < SCHEMA_VERSION:

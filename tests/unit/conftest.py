@@ -111,7 +111,7 @@ def nvml_env(library: Path) -> dict[str, str]:
 def real_smi_outputs(profile: str, node_name: str, driver_version: str = "535.261.03"):
     """What Debian's nvidia-smi prints for gpu_facts on a booted node of `profile`.
 
-    Returns (query CSV, `-q -x` XML), both from the real binary on the mock NVML.
+    Returns (query CSV, `-q -x` XML, `-L` list), all from the real binary on the mock NVML.
     """
     import os
     import subprocess
@@ -143,13 +143,13 @@ def real_smi_outputs(profile: str, node_name: str, driver_version: str = "535.26
             (root / "run" / "nvml" / "library-version").write_text(driver_version + "\n")
             env = nvml_env(library)
         outputs = []
-        for args in (smi.query_args(), ["-q", "-x"]):
+        for args in (smi.query_args(), ["-q", "-x"], ["-L"]):
             result = subprocess.run(
                 [str(NVIDIA_SMI), *args], capture_output=True, text=True, env=env, check=False
             )
             assert result.returncode == 0, result.stdout + result.stderr
             outputs.append(result.stdout)
-    return outputs[0], outputs[1]
+    return outputs[0], outputs[1], outputs[2]
 
 
 def run_ansible(command: str, *args: str) -> tuple[int, dict]:

@@ -38,9 +38,11 @@ def _profile_facts(name: str) -> dict:
     ]
     rows = xml = None
     if devices:
-        csv_out, xml_out = real_smi_outputs(name, f"node-{name}")
+        csv_out, xml_out, listed = real_smi_outputs(name, f"node-{name}")
         rows = smi.parse_query_csv(csv_out)
         xml = smi.parse_query_xml(xml_out)
+        if any(row["mig.mode.current"] for row in rows):  # as gpu_facts does
+            smi.name_mig_devices(xml, smi.parse_list(listed))
     gpus = discovery.gpu_list(devices, rows, xml)
     driver = {"state": "loaded", "version": "535.261.03"} if devices else {"state": "absent"}
     return {
@@ -104,6 +106,18 @@ def settings(**changes) -> dict:
     return result
 
 
+def single_mig_host(name: str) -> dict:
+    """An a100-mig node laid out as seven 1g.5gb on each GPU, under the single strategy."""
+    hostvars = host(name, "a100-mig", mig="mixed")
+    gpus = hostvars["ansible_facts"]["gpufleet"]["gpus"]
+    one = next(d for g in gpus for d in g["mig_devices"] if d["profile"] == "1g.5gb")
+    for gpu in gpus:
+        gpu["mig_devices"] = [dict(one, index=i) for i in range(7)]
+    config = k8s.device_plugin_config(gpus, "none", 1, "single", name)
+    hostvars["device_plugin_stage"]["config"] = config
+    return hostvars
+
+
 FLEETS = {
     "plain": [host("h100", "h100-sxm-8"), host("t4", "t4-1"), host("cpu", "none")],
     "time-slicing": [
@@ -113,7 +127,7 @@ FLEETS = {
     "mps": [host("t4", "t4-1", sharing="mps", replicas=2), host("h100", "h100-sxm-8")],
     "mig": [
         host("mig-a", "a100-mig", mig="mixed"),
-        host("mig-b", "a100-mig", mig="single"),
+        single_mig_host("mig-b"),
         host("a100", "a100-pcie-2"),
     ],
 }
@@ -326,6 +340,60 @@ def test_labels_of_each_profile_use_gfd_names(profile):
     for key, value in labels.items():
         assert key.startswith("nvidia.com/")
         assert re.fullmatch(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?", value), key
+
+
+def test_mixed_strategy_labels_each_mig_profile_as_gfd_does():
+    # a100-mig: GPU 0 holds two 3g.20gb instances, GPU 1 seven 1g.5gb.
+    labels = k8s.k8s_node_labels(host("n", "a100-mig", mig="mixed"))
+    mig = {k: v for k, v in labels.items() if k.startswith("nvidia.com/mig-")}
+    assert mig == {
+        "nvidia.com/mig-1g.5gb.count": "7",
+        "nvidia.com/mig-1g.5gb.product": "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb",
+        "nvidia.com/mig-1g.5gb.memory": "4864",
+        "nvidia.com/mig-1g.5gb.multiprocessors": "14",
+        "nvidia.com/mig-1g.5gb.slices.gi": "1",
+        "nvidia.com/mig-1g.5gb.slices.ci": "1",
+        "nvidia.com/mig-3g.20gb.count": "2",
+        "nvidia.com/mig-3g.20gb.product": "NVIDIA-A100-SXM4-40GB-MIG-3g.20gb",
+        "nvidia.com/mig-3g.20gb.memory": mig["nvidia.com/mig-3g.20gb.memory"],
+        "nvidia.com/mig-3g.20gb.multiprocessors": "42",
+        "nvidia.com/mig-3g.20gb.slices.gi": "3",
+        "nvidia.com/mig-3g.20gb.slices.ci": "3",
+    }
+    assert int(mig["nvidia.com/mig-3g.20gb.memory"]) > 4 * 4864
+    assert labels["nvidia.com/gpu.count"] == "2"  # whole GPUs still counted as such
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-40GB"
+
+
+def test_single_strategy_makes_the_mig_devices_the_nodes_gpus():
+    labels = k8s.k8s_node_labels(single_mig_host("n"))
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb"
+    assert labels["nvidia.com/gpu.count"] == "14"
+    assert labels["nvidia.com/gpu.memory"] == "4864"
+    assert labels["nvidia.com/gpu.slices.gi"] == "1"
+    assert labels["nvidia.com/mig.strategy"] == "single"
+    assert not [k for k in labels if k.startswith("nvidia.com/mig-")]
+
+
+def test_single_strategy_with_several_profiles_is_refused():
+    gpus = host("n", "a100-mig", mig="mixed")["ansible_facts"]["gpufleet"]["gpus"]
+    with pytest.raises(
+        AnsibleFilterError, match=r"one MIG profile on every GPU; here are 1g\.5gb, 3g\.20gb"
+    ):
+        k8s.device_plugin_config(gpus, "none", 1, "single", "n")
+
+
+def test_the_layout_asked_and_its_state_are_labelled():
+    ready = host(
+        "n", "a100-mig", mig="mixed", mig_stage={"status": "ready", "config": "all-balanced"}
+    )
+    labels = k8s.k8s_node_labels(ready)
+    assert labels["nvidia.com/mig.config"] == "all-balanced"
+    assert labels["nvidia.com/mig.config.state"] == "success"
+    failed = host("n", "a100-mig", mig="mixed", mig_stage={"status": "failed", "config": "x"})
+    assert k8s.k8s_node_labels(failed)["nvidia.com/mig.config.state"] == "failed"
+    left = host("n", "a100-mig", mig="mixed", mig_stage={"status": "disabled", "config": ""})
+    assert "nvidia.com/mig.config" not in k8s.k8s_node_labels(left)
 
 
 def test_a_node_without_gpus_is_only_marked_not_present():

@@ -204,7 +204,7 @@ def test_gpus_without_mig_are_passed_over_unless_named():
     assert set(mig_config.per_gpu(layout("all-balanced"), mixed)) == {1}
     with pytest.raises(mig_config.MigConfigError, match="GPU 0 does not support MIG"):
         mig_config.per_gpu(layout("first-two"), mixed)
-    with pytest.raises(mig_config.MigConfigError, match="no GPU here supports it"):
+    with pytest.raises(mig_config.MigConfigError, match="none of its entries reaches a GPU"):
         mig_config.per_gpu(layout("all-balanced"), [Gpu(0, T4, False)])
     # Turning MIG off asks nothing of a GPU without it.
     assert mig_config.per_gpu(layout("all-disabled"), [Gpu(0, T4, False)]) == {}

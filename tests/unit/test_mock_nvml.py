@@ -98,6 +98,11 @@ def test_gpu_facts_reads_the_profile_back_from_the_real_tool(gpu_node):
     assert [(g["serial"], g["product_architecture"]) for g in facts["gpus"]] == [
         (g.serial, "Ampere") for g in prof.gpus
     ]
+    # The profiles -L names, given to the devices -q -x describes.
+    smi.name_mig_devices(facts, smi.parse_list(gpu_node.run("-L").stdout))
+    named = [[(d["profile"], d["memory_mib"]) for d in g["mig_devices"]] for g in facts["gpus"]]
+    assert [[p for p, _ in gpu] for gpu in named] == [list(g.mig) for g in prof.gpus]
+    assert {m for gpu in named for p, m in gpu if p == "1g.5gb"} == {4864}
 
 
 def test_a_gpu_without_mig_reports_it_not_available(gpu_node):
@@ -220,7 +225,9 @@ def test_nvidia_ctk_generates_a_cdi_spec_for_every_profile(gpu_node, mock_nvml, 
 
 def test_a_mig_layout_set_up_before_the_first_boot_is_what_nvidia_smi_lists(gpu_node):
     prof = gpu_node("a100-mig")
-    listed = gpu_node.run("-L").stdout.splitlines()
+    listed_text = gpu_node.run("-L").stdout
+    assert smi.parse_list(listed_text) == {gpu.uuid: list(gpu.mig) for gpu in prof.gpus}
+    listed = listed_text.splitlines()
     mig_lines = [line.split("Device")[0].strip() for line in listed if line.startswith("  MIG")]
     assert mig_lines == [f"MIG {name}" for gpu in prof.gpus for name in gpu.mig]
     facts = smi.parse_query_xml(gpu_node.run("-q", "-x").stdout)

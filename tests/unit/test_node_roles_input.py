@@ -65,12 +65,44 @@ H100 = "0x2330"
         ("device_plugin", {"device_plugin_mode": "host"}, "device_plugin_host_binary_url must be"),
         ("exporter", {"exporter_port": 70000}, "exporter_port must be 1-65535"),
         ("exporter", {"exporter_mode": "daemonset"}, "exporter_mode"),
+        ("mig", {"mig_config": "all-halves"}, "mig_config 'all-halves'"),
+        ("mig", {"mig_config": "all-halves"}, "no layout named 'all-halves'"),
+        # An A100 40GB profile: no entry of the shipped layout reaches an H100.
+        ("mig", {"mig_config": "all-1g.5gb"}, "none of its entries reaches a GPU here"),
+        ("mig", {"mig_config": "wrong-profile", "mig_config_file": "SITE"}, "offers no '1g.5gb'"),
+        ("mig", {"mig_config": "too-many", "mig_config_file": "SITE"}, "do not fit on one GPU"),
+        ("mig", {"mig_config": "second-gpu", "mig_config_file": "SITE"}, "GPU index 1 does not"),
     ],
 )
 def test_bad_settings_fail_before_any_change(tmp_path, role, variables, message):
+    if variables.get("mig_config_file") == "SITE":
+        variables = {**variables, "mig_config_file": str(_site_mig_config(tmp_path))}
     rc, report = run_role(tmp_path, role, H100, **variables)
     assert rc != 0
     assert message in failure(report)
+    assert report["stats"]["localhost"]["changed"] == 0
+
+
+def _site_mig_config(tmp_path):
+    """A site's own mig-parted file with layouts an H100 80GB cannot take."""
+    path = tmp_path / "site-mig.yaml"
+    path.write_text(
+        "version: v1\n"
+        "mig-configs:\n"
+        "  wrong-profile:\n"
+        "    - {devices: all, mig-enabled: true, mig-devices: {1g.5gb: 7}}\n"
+        "  too-many:\n"
+        "    - {devices: all, mig-enabled: true, mig-devices: {3g.40gb: 3}}\n"
+        "  second-gpu:\n"
+        "    - {devices: [1], mig-enabled: true, mig-devices: {7g.80gb: 1}}\n"
+    )
+    return path
+
+
+def test_a_mig_layout_on_a_gpu_without_mig_is_refused(tmp_path):
+    rc, report = run_role(tmp_path, "mig", "0x1eb8", mig_config="all-balanced")  # a T4
+    assert rc != 0
+    assert "none of its entries reaches a GPU here that has MIG" in failure(report)
     assert report["stats"]["localhost"]["changed"] == 0
 
 

@@ -33,6 +33,8 @@ class FakeNode:
         self.services: dict[str, tuple[str, str]] = {}
         # PCI bus id -> MIG mode as nvidia-smi prints it
         self.gpus: dict[str, str] = {}
+        # PCI bus id -> profiles of its MIG devices as `nvidia-smi -L` lists them
+        self.mig_devices: dict[str, list[str]] = {}
         self.smi_rc = 0
         self.calls: list[list[str]] = []
 
@@ -76,10 +78,21 @@ class FakeNode:
                 blocks.append(f"ActiveState={active}\nUnitFileState={file_state}\nId={unit}\n")
             return 0, "\n".join(blocks), ""
         if program == "nvidia-smi":
-            assert argv[1] == "--query-gpu=pci.bus_id,mig.mode.current"
             if self.smi_rc:
                 return self.smi_rc, "", "NVIDIA-SMI has failed"
-            rows = [f"00000000:{bus[5:].upper()}, {mig}" for bus, mig in self.gpus.items()]
+            if argv[1:] == ["-L"]:
+                lines = []
+                for number, bus in enumerate(self.gpus):
+                    lines.append(f"GPU {number}: NVIDIA Tesla (UUID: GPU-{bus})")
+                    lines += [
+                        f"  MIG {profile:<13} Device {i:>2}: (UUID: MIG-{bus}-{i})"
+                        for i, profile in enumerate(self.mig_devices.get(bus, []))
+                    ]
+                return 0, "\n".join(lines) + "\n", ""
+            assert argv[1] == "--query-gpu=pci.bus_id,uuid,mig.mode.current"
+            rows = [
+                f"00000000:{bus[5:].upper()}, GPU-{bus}, {mig}" for bus, mig in self.gpus.items()
+            ]
             return 0, "\n".join(rows) + "\n", ""
         raise AssertionError(f"unexpected program {argv}")
 
@@ -161,6 +174,7 @@ def test_the_record_holds_what_the_probe_compares(node, components, config):
     assert record["node"] == {
         "driver": {"version": "535.309.01", "module_type": "proprietary"},
         "mig": {T4: None, A100: False},
+        "mig_devices": {},
     }
 
 
@@ -268,17 +282,60 @@ def test_an_unloaded_driver_is_drift_and_nvidia_smi_is_not_asked(node, component
 
     drift = record_then_probe(node, components, unload)
     assert "nvidia-smi" not in [os.path.basename(c[0]) for c in node.calls]
-    kinds = [(e["kind"], e["name"], e["current"]) for e in drift["driver"]]
-    assert kinds == [
-        ("driver", "nvidia", {"version": None, "module_type": None}),
-        ("mig", T4, None),
-        ("mig", A100, None),
+    assert drift["driver"] == [
+        {
+            "kind": "driver",
+            "name": "nvidia",
+            "recorded": {"version": "535.309.01", "module_type": "proprietary"},
+            "current": {"version": None, "module_type": None},
+        }
     ]
+    kinds = [(e["kind"], e["name"], e["current"]) for e in drift["mig"]]
+    assert kinds == [("mig", T4, None), ("mig", A100, None), ("mig-devices", "all", None)]
 
 
 def test_a_mig_mode_change_is_drift_of_that_gpu(node, components):
     drift = record_then_probe(node, components, lambda: node.gpus.update({A100: "Enabled"}))
-    assert drift == {"driver": [{"kind": "mig", "name": A100, "recorded": False, "current": True}]}
+    assert drift == {
+        "mig": [
+            {"kind": "mig", "name": A100, "recorded": False, "current": True},
+            {"kind": "mig-devices", "name": A100, "recorded": None, "current": []},
+        ]
+    }
+
+
+def test_mig_devices_destroyed_by_hand_are_drift_of_that_gpu(node, components):
+    node.gpus[A100] = "Enabled"
+    node.mig_devices[A100] = ["3g.20gb", "1g.5gb", "1g.5gb", "2g.10gb"]
+    drift = record_then_probe(node, components, lambda: node.mig_devices[A100].pop(1))
+    assert drift == {
+        "mig": [
+            {
+                "kind": "mig-devices",
+                "name": A100,
+                "recorded": ["1g.5gb", "1g.5gb", "2g.10gb", "3g.20gb"],
+                "current": ["1g.5gb", "2g.10gb", "3g.20gb"],
+            }
+        ]
+    }
+
+
+def test_nvidia_smi_lists_devices_only_when_a_gpu_has_mig_on(node, components):
+    ns.current_record(node.reader(), components)
+    assert ["-L"] not in [c[1:] for c in node.calls]
+    node.gpus[A100] = "Enabled"
+    record = ns.current_record(node.reader(), components)
+    assert record["node"]["mig_devices"] == {A100: []}
+    assert node.calls[-1][1:] == ["-L"]
+
+
+def test_a_record_without_mig_devices_is_not_drift_for_them(node, components):
+    recorded = ns.current_record(node.reader(), components)
+    del recorded["node"]["mig_devices"]
+    node.gpus[A100] = "Enabled"
+    node.mig_devices[A100] = ["7g.40gb"]
+    drift = ns.compare(recorded, ns.current_record(node.reader(), components))
+    assert [e["kind"] for e in drift["mig"]] == ["mig"]
 
 
 def test_a_failing_nvidia_smi_is_drift_and_a_warning(node, components):
@@ -287,7 +344,7 @@ def test_a_failing_nvidia_smi_is_drift_and_a_warning(node, components):
     node.smi_rc = 9
     reader = node.reader()
     drift = ns.compare(recorded, ns.current_record(reader, components))
-    assert [e["current"] for e in drift["driver"]] == [None, None]
+    assert [e["current"] for e in drift["mig"]] == [None, None, None]
     assert reader.warnings == ["nvidia-smi exited 9: NVIDIA-SMI has failed"]
 
 
@@ -297,7 +354,11 @@ def test_a_node_without_gpus_records_its_node_part_only(tmp_path):
     assert record == {
         "schema": 1,
         "components": {},
-        "node": {"driver": {"version": None, "module_type": None}, "mig": None},
+        "node": {
+            "driver": {"version": None, "module_type": None},
+            "mig": None,
+            "mig_devices": None,
+        },
     }
     assert bare.calls == []
 

@@ -185,7 +185,8 @@ def _seed(state: Path) -> None:
             HostRecord(
                 "gpu-a",
                 status="converged",
-                stages={"driver": "ready", "toolkit": "pre-installed"},
+                stages={"driver": "ready", "mig": "ready", "toolkit": "pre-installed"},
+                mig_layout="all-balanced",
                 last_reconcile=1.0,
             )
         )
@@ -225,13 +226,14 @@ def test_status_shows_each_host_state_in_words(capsys, state):
     assert code == cli.Exit.FAILED, "a quarantined host makes status non-zero"
     lines = {line.split()[0]: line for line in out.splitlines()[1:]}
     assert "converged (pre-installed: toolkit)" in lines["gpu-a"]
-    assert "driver=ready toolkit=pre-installed" in lines["gpu-a"]
+    assert "driver=ready mig=ready:all-balanced toolkit=pre-installed" in lines["gpu-a"]
     assert "quarantined (toolkit: nvidia-ctk missing)" in lines["gpu-b"]
     assert "drifted (runtime_config)" in lines["gpu-c"]
     assert "reboot-required (driver: nouveau holds the GPUs; reboot the node)" in lines["gpu-d"]
     code, out, _ = run(capsys, "status", "--json", "-i", EMPTY_INVENTORY, "--state-dir", str(state))
     hosts = {h["name"]: h for h in json.loads(out)}
     assert hosts["gpu-b"]["quarantined"] is True
+    assert (hosts["gpu-a"]["mig_layout"], hosts["gpu-b"]["mig_layout"]) == ("all-balanced", "")
     assert hosts["gpu-c"]["drift"][0]["component"] == "runtime_config"
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ansible_collections.gpufleet.nvidia.plugins.filter import summary
-from runner.engine import ROLLOUT_TASK, STAGES, EventCollector, HostRun, stage_passed
+from runner.engine import ROLLOUT_TASK, STAGES, Change, EventCollector, HostRun, stage_passed
 
 OUTCOMES = [
     {"status": "ready"},
@@ -35,6 +35,15 @@ def test_an_answering_unmanaged_driver_is_no_failure():
     stages["driver"] = {"status": "unmanaged", "validated": False, "reason": "no driver"}
     assert HostRun("a", stages=stages).failed_stage == ("driver", "no driver")
     assert HostRun("a", stages={"driver": {"status": "not-a-gpu-node"}}).succeeded
+
+
+def test_a_planned_mig_layout_change_is_disruptive_a_rewritten_layouts_file_is_not():
+    stages = {s: {"status": "ready"} for s in STAGES}
+    copy = [Change("mig", "Put the MIG layouts on the node")]
+    assert not HostRun("a", changes=copy, stages=stages).disruptive
+    stages["mig"]["disruptive"] = True  # mig-parted found the GPUs off the layout
+    say = [Change("mig", "Say what applying would change")]
+    assert HostRun("a", changes=say, stages=stages).disruptive
 
 
 def _ok(task: str, action: str, res: dict) -> dict:

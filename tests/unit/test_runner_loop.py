@@ -128,8 +128,10 @@ class FakeEngine:
         if not node.reachable:
             return HostRun(host, reachable=False, failures=["unreachable: no route"])
         stages = {s: dict(v) for s, v in READY.items()}
-        if node.pending.get("driver"):
-            stages["driver"]["disruptive"] = True
+        for component, disruptive in node.pending.items():
+            if disruptive and component in stages:
+                stages[component]["disruptive"] = True
+        stages["mig"]["config"] = node.variables.get("mig_config", "")
         if node.broken_stage:
             stages[node.broken_stage].update(status="failed", reason="it broke")
         if node.needs_reboot:
@@ -528,6 +530,34 @@ def test_kubernetes_nodes_are_cordoned_drained_and_uncordoned(store: StateStore)
         "apply",
         "uncordon",
     ]
+
+
+def test_a_mig_layout_change_is_rolled_out_like_a_driver_change(store: StateStore) -> None:
+    reconciler, engine, _ = converged(store, "a")
+    engine.nodes["a"].variables = {"mig_config": "all-balanced", "k8s_manifests_apply": True}
+    engine.nodes["a"].pending = {"mig": True}
+    reconciler.cycle()
+    assert [call for call, _ in engine.calls] == [
+        "probe",
+        "plan",
+        "cordon",
+        "drain",
+        "apply",
+        "uncordon",
+    ]
+    assert store.host("a").mig_layout == "all-balanced"
+
+
+def test_mig_drift_is_planned_first_and_rolled_out(store: StateStore) -> None:
+    reconciler, engine, _ = converged(store, "a", "b")
+    engine.nodes["a"].drift = drift("mig")
+    engine.nodes["a"].pending = {"mig": True}
+    report = reconciler.cycle()
+    assert [call for call, _ in engine.calls] == ["probe", "plan", "apply"]
+    assert engine.acted_on("apply") == ["a"]
+    assert report.outcomes["a"].corrective == ["mig"]
+    phases = [e.component for e in store.history("a", kinds=["rollout"])]
+    assert phases == ["queued", "cordoned", "applied", "done"]
 
 
 def test_failing_host_halts_the_rollout_and_stays_cordoned(store: StateStore) -> None:

@@ -58,6 +58,7 @@ def test_a_schema_1_database_gains_the_cluster_record_and_keeps_its_hosts(tmp_pa
     db.close()
     with StateStore(tmp_path) as store:
         assert store.host("a").status == "converged"
+        assert store.host("a").mig_layout == ""  # schema 3's column
         assert store.cluster() == ClusterRecord()
         store.save_cluster(ClusterRecord("failed", "api gone", owed_hosts=["a"], owed_objects=True))
     with StateStore(tmp_path) as store:

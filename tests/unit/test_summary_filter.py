@@ -39,20 +39,25 @@ def test_fresh_node_still_on_nouveau():
 
 
 def test_a_stage_runs_only_where_every_earlier_stage_passed():
-    host = {"driver_stage": {"status": "ready"}, "toolkit_stage": {"status": "pre-installed"}}
+    host = {
+        "driver_stage": {"status": "ready"},
+        "mig_stage": {"status": "disabled"},
+        "toolkit_stage": {"status": "pre-installed"},
+    }
     assert ready_for(host, "driver")
     assert ready_for(host, "runtime_config")
+    assert not ready_for({**host, "mig_stage": {"status": "failed"}}, "toolkit")
     assert not ready_for(host, "validator")  # runtime_config has not run
     assert not ready_for({"driver_stage": {"status": "reboot-required"}}, "toolkit")
     assert not ready_for({"driver_stage": {"status": "failed"}}, "toolkit")
     # A driver nobody manages counts once it answers.
-    assert ready_for({"driver_stage": {"status": "unmanaged", "validated": True}}, "toolkit")
-    assert not ready_for({"driver_stage": {"status": "unmanaged", "validated": False}}, "toolkit")
+    assert ready_for({"driver_stage": {"status": "unmanaged", "validated": True}}, "mig")
+    assert not ready_for({"driver_stage": {"status": "unmanaged", "validated": False}}, "mig")
 
 
 def test_an_unknown_stage_is_an_error():
-    with pytest.raises(ValueError, match="unknown stage 'mig'"):
-        ready_for({}, "mig")
+    with pytest.raises(ValueError, match="unknown stage 'slurm'"):
+        ready_for({}, "slurm")
 
 
 def test_report_names_the_furthest_validated_stage():

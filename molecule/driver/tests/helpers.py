@@ -61,11 +61,11 @@ def stage(host) -> dict:
     return stage_of(check_mode_run(), host.backend.get_hostname())
 
 
-def stage_of(run: dict, hostname: str) -> dict:
+def stage_of(run: dict, hostname: str, fact: str = "driver_stage") -> dict:
     for play in run["plays"]:
         for task in play["tasks"]:
             result = task["hosts"].get(hostname, {})
             facts = result.get("ansible_facts", {})
-            if "driver_stage" in facts:
-                return facts["driver_stage"]
-    raise AssertionError(f"no driver_stage for {hostname}")
+            if fact in facts:
+                return facts[fact]
+    raise AssertionError(f"no {fact} for {hostname}")

@@ -5,7 +5,9 @@ from __future__ import annotations
 import subprocess
 import time
 
-from helpers import BLACKLIST, HELD, READY, held, version
+from helpers import BLACKLIST, HELD, READY, converge, held, stage_of, version
+
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import smi
 
 testinfra_hosts = ["podman://gpufleet-drv-h100"]
 
@@ -17,7 +19,7 @@ def test_debian_packages_are_installed_and_held(host):
 
 
 def test_node_was_rebooted_into_a_validated_driver(host):
-    assert len(host.check_output("nvidia-smi -L").splitlines()) == 8
+    assert len(smi.parse_list(host.check_output("nvidia-smi -L"))) == 8
     installed = version(host, "nvidia-kernel-dkms").split("-")[0]
     reported = host.check_output("nvidia-smi --query-gpu=driver_version --format=csv,noheader")
     assert reported.splitlines() == [installed] * 8
@@ -33,10 +35,8 @@ def test_nvidia_smi_is_debians_own_binary_on_the_mock_nvml(host):
     library = host.check_output("readlink -f /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1")
     assert library == "/opt/gpusim/lib/libnvidia-ml.so.1"
     uuids = host.check_output("nvidia-smi --query-gpu=uuid --format=csv,noheader").splitlines()
-    assert [
-        line.split("(UUID: ")[1].rstrip(")")
-        for line in host.check_output("nvidia-smi -L").splitlines()
-    ] == uuids
+    # (-L lists the MIG devices laid out by the MIG stage under their GPUs.)
+    assert list(smi.parse_list(host.check_output("nvidia-smi -L"))) == uuids
     # One device file per GPU, plus the control device and MIG's capabilities.
     for path in ["/dev/nvidiactl", *(f"/dev/nvidia{i}" for i in range(8))]:
         assert host.run(f"test -c {path}").rc == 0, path
@@ -65,46 +65,61 @@ def test_persistence_daemon_and_fabric_manager_run(host):
     assert unload.rc == 1 and "Module nvidia is in use" in unload.stderr
 
 
-def test_nvidias_mig_manager_lays_the_gpus_out_again_at_every_boot(host):
-    """NVIDIA's nvidia-mig-manager package (mig-parted, its systemd service, hooks and
-    default config; from the local copy of the CUDA repository) on the simulated H100s.
+BALANCED = ["1g.10gb", "1g.10gb", "2g.20gb", "3g.40gb"]
+DROP_INS = "/etc/systemd/system/nvidia-mig-manager.service.d"
 
-    The layout its service applies is what nvidia-smi and nvidia-ctk see; a reboot loses
-    the instances (as on real GPUs) and the service lays them out again at boot. Last
-    in this file: it reboots the node.
-    """
-    deb = host.check_output("ls /srv/gpufleet-repo/cuda/repos/debian12/x86_64/nvidia-mig-manager_*")
-    host.check_output(f"apt-get install -y -q {deb}")
-    assert host.service("nvidia-mig-manager").is_enabled  # as upstream's package does
+
+def test_the_mig_stage_laid_the_gpus_out_with_nvidias_mig_parted(host):
+    """mig_config: all-balanced on eight H100 80GB: each GPU holds two 1g.10gb, one
+    2g.20gb and one 3g.40gb instance, as nvidia-smi (on the mock NVML) lists them."""
+    assert _mig_devices(host) == [BALANCED] * 8
+    assert host.package("nvidia-mig-manager").is_installed
     assert "v0.10.0" in host.check_output("nvidia-mig-parted --version")
-    current = host.check_output("nvidia-mig-parted export")
-    assert "mig-enabled: false" in current
-
-    # Idle GPUs change MIG mode at once; the daemons holding them are stopped meanwhile
-    # (upstream's hooks for Hopper stop nothing, and a GPU reset is not simulated).
-    host.check_output("systemctl stop nvidia-fabricmanager nvidia-persistenced")
-    host.check_output(
-        "sed -i 's/all-disabled/all-1g.10gb/' "
-        "/etc/systemd/system/nvidia-mig-manager.service.d/override.conf"
-        " && systemctl daemon-reload && systemctl start nvidia-mig-manager"
-    )
-    host.check_output("systemctl start nvidia-persistenced nvidia-fabricmanager")
-    assert _mig_devices(host) == ["1g.10gb"] * 56
-    assert host.check_output(
-        "nvidia-mig-parted assert -f /etc/nvidia-mig-manager/config.yaml -c all-1g.10gb"
-    ).endswith("currently applied")
+    # The GPU consumers stopped for the change run again.
+    assert host.service("nvidia-persistenced").is_running
+    assert host.service("nvidia-fabricmanager").is_running
     # Each instance's capability device files (a GPU and a compute instance each).
-    assert len(host.check_output("ls /dev/nvidia-caps").split()) == 2 + 2 * 56
+    assert len(host.check_output("ls /dev/nvidia-caps").split()) == 2 + 2 * 4 * 8
 
+
+def test_upstreams_service_is_set_to_apply_the_layout_at_boot(host):
+    assert host.service("nvidia-mig-manager").is_enabled
+    environment = host.check_output("systemctl show -p Environment nvidia-mig-manager")
+    assert "MIG_PARTED_SELECTED_CONFIG=all-balanced" in environment
+    assert "MIG_PARTED_CONFIG_FILE=/etc/nvidia-mig-manager/gpufleet-config.yaml" in environment
+    # The selection in the form upstream's apply-start hook writes it.
+    assert host.file(f"{DROP_INS}/override.conf").content_string == (
+        '[Service]\nEnvironment="MIG_PARTED_SELECTED_CONFIG=all-balanced"\n'
+    )
+
+
+def test_instances_destroyed_by_hand_are_predicted_then_restored(host):
+    host.check_output("nvidia-smi mig -dci -i 0 && nvidia-smi mig -dgi -i 0")
+    assert _mig_devices(host)[0] == []
+
+    planned = converge(["--check", "--limit", "gpufleet-drv-h100"])
+    assert planned["stats"]["gpufleet-drv-h100"]["changed"] > 0
+    assert stage_of(planned, "gpufleet-drv-h100", "mig_stage")["disruptive"]
+    assert _mig_devices(host)[0] == []  # check mode changed nothing
+
+    applied = converge(["--limit", "gpufleet-drv-h100"])
+    outcome = stage_of(applied, "gpufleet-drv-h100", "mig_stage")
+    assert outcome["status"] == "ready" and outcome["changed"]
+    assert _mig_devices(host) == [BALANCED] * 8
+
+
+def test_the_layout_comes_back_after_a_reboot(host):
+    """A reboot loses the instances (as on real GPUs); upstream's service, with the
+    stage's drop-ins, lays them out again at boot. Last in this file: it reboots."""
     subprocess.run(["podman", "restart", "-t", "5", "gpufleet-drv-h100"], check=True)
     for _ in range(90):
         if host.run("systemctl is-system-running").stdout.strip() in ("running", "degraded"):
             break
         time.sleep(1)
-    assert host.service("nvidia-mig-manager").is_enabled
-    assert _mig_devices(host) == ["1g.10gb"] * 56
+    assert _mig_devices(host) == [BALANCED] * 8
 
 
-def _mig_devices(host) -> list[str]:
-    listed = host.check_output("nvidia-smi -L").splitlines()
-    return [line.split()[1] for line in listed if line.strip().startswith("MIG ")]
+def _mig_devices(host) -> list[list[str]]:
+    """Per GPU, the sorted profiles of its MIG devices as nvidia-smi -L lists them."""
+    listed = smi.parse_list(host.check_output("nvidia-smi -L"))
+    return [sorted(profiles) for profiles in listed.values()]

@@ -15,7 +15,7 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpufleet.nvidia.plugins.filter.summary import stage_passed
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import k8s_objects as k8s
-from ansible_collections.gpufleet.nvidia.plugins.module_utils import k8s_state
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import k8s_state, mig_config
 
 # GPU Operator component names of the stages whose outcome a deploy label reports.
 _STAGE_COMPONENTS = (
@@ -65,12 +65,54 @@ def k8s_node_labels(hostvars):
     labels["nvidia.com/mps.capable"] = "true" if config["sharing"] == "mps" else "false"
     if "nvidia.com/mig.capable" in labels:
         labels["nvidia.com/mig.strategy"] = config["mig_strategy"]
+    labels.update(_mig_labels(facts["gpus"], config["mig_strategy"], labels))
+    mig = hostvars.get("mig_stage") or {}
+    if mig.get("config"):
+        # As the GPU Operator's mig-manager reports the layout it was asked for.
+        labels["nvidia.com/mig.config"] = mig["config"]
+        labels["nvidia.com/mig.config.state"] = _MIG_STATE.get(mig.get("status"), "pending")
     try:
         for key, value in labels.items():
             k8s.check_label(key, value, f"host {name}")
     except k8s.K8sInputError as exc:
         raise AnsibleFilterError(str(exc)) from exc
     return dict(sorted(labels.items()))
+
+
+# mig_stage status -> nvidia.com/mig.config.state (mig-manager's values).
+_MIG_STATE = {"ready": "success", "failed": "failed"}
+
+
+def _mig_profiles(gpus):
+    return {d.get("profile") for g in gpus for d in g.get("mig_devices") or []}
+
+
+def _mig_labels(gpus, strategy, labels):
+    """GPU Feature Discovery's MIG labels: with `single`, the node's GPUs are its MIG
+    devices (all of one profile); with `mixed`, each profile is counted on its own
+    (`+` in a profile name becomes `.`, as the device plugin names its resources)."""
+    devices = [d for g in gpus for d in g.get("mig_devices") or [] if d.get("profile")]
+    if strategy == "none" or not devices:
+        return {}
+    product = labels.get("nvidia.com/gpu.product", "")
+    out = {}
+    by_profile = {}
+    for device in devices:
+        by_profile.setdefault(device["profile"], []).append(device)
+    for profile, group in sorted(by_profile.items()):
+        shape = mig_config.parse_profile(profile)
+        prefix = (
+            "nvidia.com/gpu"
+            if strategy == "single"
+            else f"nvidia.com/mig-{profile.replace('+', '.')}"
+        )
+        out[f"{prefix}.count"] = str(len(group))
+        out[f"{prefix}.product"] = f"{product}-MIG-{profile.replace('+', '.')}"
+        out[f"{prefix}.memory"] = str(group[0].get("memory_mib") or 0)
+        out[f"{prefix}.multiprocessors"] = str(group[0].get("multiprocessor_count") or 0)
+        out[f"{prefix}.slices.gi"] = str(shape.slices)
+        out[f"{prefix}.slices.ci"] = str(shape.compute)
+    return out
 
 
 def _check_settings(settings):
@@ -189,6 +231,11 @@ def device_plugin_config(gpus, sharing, replicas, mig_strategy, host="node"):
         problem = (
             "device_plugin_mig_strategy=single needs MIG enabled on every GPU; "
             f"{len(enabled)} of {len(gpus)} have it (use mixed)"
+        )
+    elif mig_strategy == "single" and len(_mig_profiles(gpus)) > 1:
+        problem = (
+            "device_plugin_mig_strategy=single needs one MIG profile on every GPU; "
+            f"here are {', '.join(sorted(_mig_profiles(gpus)))} (use mixed)"
         )
     if problem:
         raise AnsibleFilterError(f"{host}: {problem}")

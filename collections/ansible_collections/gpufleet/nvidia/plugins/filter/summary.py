@@ -57,6 +57,7 @@ def node_summary(facts):
 # Stages in the order they run, with the fact each one publishes.
 STAGES = (
     ("driver", "driver_stage"),
+    ("mig", "mig_stage"),
     ("toolkit", "toolkit_stage"),
     ("runtime_config", "runtime_config_stage"),
     ("validator", "validator_stage"),

@@ -202,7 +202,9 @@ def per_gpu(entries: Sequence[Entry], gpus: Sequence[Gpu]) -> dict[int, Entry]:
                 continue
             result[gpu.index] = entry
     if any(e.mig_enabled for e in entries) and not any(e.mig_enabled for e in result.values()):
-        raise MigConfigError("the layout enables MIG, but no GPU here supports it")
+        raise MigConfigError(
+            "the layout enables MIG, but none of its entries reaches a GPU here that has MIG"
+        )
     return result
 
 

@@ -5,7 +5,8 @@
 A record names, per component (a stage of site.yml), the files, packages and services
 that component manages, with their state then: a file's sha256, mode and owner; a
 package's installed version and whether it is held; a service's unit-file and active
-state. It also holds the node's own state: the loaded driver and each GPU's MIG mode.
+state. It also holds the node's own state: the loaded driver, each GPU's MIG mode and the
+profiles of its MIG devices.
 The probe reads the list of what to check from the record itself.
 
 `Reader` asks the node (through injected `run` and `which` callables, so tests can
@@ -30,8 +31,9 @@ DEFAULT_PATH = "/var/lib/gpufleet/applied.json"
 # Item kinds of a component, and the word a drift entry uses for each.
 KINDS = ("files", "packages", "services")
 KIND_WORD = {"files": "file", "packages": "package", "services": "service"}
-# A node-level difference is reported under this component.
+# Node-level differences are reported under these components.
 NODE_COMPONENT = "driver"
+MIG_COMPONENT = "mig"
 
 _COMPONENT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 # Debian and RPM package names (no version, no glob); systemd unit names.
@@ -42,7 +44,7 @@ _UNIT_RE = re.compile(r"^[A-Za-z0-9:_.@\\-]+$")
 VERSIONLOCK_LISTS = ("/etc/dnf/plugins/versionlock.list",)
 DPKG_QUERY_FORMAT = "${Package}|${Version}|${db:Status-Abbrev}\n"
 RPM_QUERY_FORMAT = "%{NAME}|%|EPOCH?{%{EPOCH}:}:{}|%{VERSION}-%{RELEASE}\n"
-SMI_FIELDS = ("pci.bus_id", "mig.mode.current")
+SMI_FIELDS = ("pci.bus_id", "uuid", "mig.mode.current")
 SYSTEMCTL_PROPERTIES = ("Id", "UnitFileState", "ActiveState")
 _HASH_CHUNK = 1 << 20
 
@@ -224,10 +226,23 @@ def parse_systemctl_show(output, units):
     }
 
 
+def _address(row):
+    return (row.get("pci.bus_id") or "").lower()[-12:]
+
+
 def mig_modes(rows):
     """{PCI address: MIG mode (True, False, None: not MIG-capable)} from nvidia-smi rows."""
+    return {_address(row): row.get("mig.mode.current") for row in rows}
+
+
+def mig_devices(rows, listed):
+    """{PCI address: sorted profiles of its MIG devices} for the GPUs with MIG on, from
+    nvidia-smi rows and `nvidia-smi -L` parsed (smi.parse_list). Where each instance
+    sits is not part of it: a layout is the profiles and their counts."""
     return {
-        (row.get("pci.bus_id") or "").lower()[-12:]: row.get("mig.mode.current") for row in rows
+        _address(row): sorted(listed.get(row.get("uuid"), []))
+        for row in rows
+        if row.get("mig.mode.current")
     }
 
 
@@ -298,9 +313,11 @@ class Reader:
         return {unit: {"error": error} for unit in units}
 
     def node(self):
-        """The loaded driver (from sysfs, as gpu_facts reads it) and each GPU's MIG mode.
+        """The loaded driver (from sysfs, as gpu_facts reads it), each GPU's MIG mode and
+        the MIG devices of the GPUs with MIG on.
 
-        nvidia-smi is asked (once) only when the nvidia module is loaded.
+        nvidia-smi is asked only when the nvidia module is loaded, and its device list
+        only when a GPU has MIG on.
         """
         module_dir = os.path.join(self.sysfs_root, "module", "nvidia")
         version = _read(os.path.join(module_dir, "version"))
@@ -311,22 +328,34 @@ class Reader:
             if version and taint is not None
             else None,
         }
-        return {"driver": driver, "mig": self._mig() if version else None}
+        modes, devices = self._mig() if version else (None, None)
+        return {"driver": driver, "mig": modes, "mig_devices": devices}
 
-    def _mig(self):
+    def _smi(self, args):
         binary = self.which("nvidia-smi")
         if not binary:
             self.warnings.append("the nvidia module is loaded but nvidia-smi is not installed")
             return None
-        rc, out, err = self.run([binary, *smi.query_args(SMI_FIELDS)])
+        rc, out, err = self.run([binary, *args])
         if rc != 0:
             self.warnings.append(f"nvidia-smi exited {rc}: {(out or err).strip()[:200]}")
             return None
+        return out
+
+    def _mig(self):
+        out = self._smi(smi.query_args(SMI_FIELDS))
+        if out is None:
+            return None, None
         try:
-            return mig_modes(smi.parse_query_csv(out, SMI_FIELDS))
+            rows = smi.parse_query_csv(out, SMI_FIELDS)
+            modes = mig_modes(rows)
+            if not any(modes.values()):
+                return modes, {}
+            listed = self._smi(["-L"])
+            return modes, None if listed is None else mig_devices(rows, smi.parse_list(listed))
         except smi.SmiParseError as exc:
             self.warnings.append(str(exc))
-            return None
+            return None, None
 
 
 def _read(path):
@@ -414,45 +443,44 @@ def compare(recorded, current):
                             "current": cur_kind.get(item),
                         }
                     )
-    node_drift = _node_drift(recorded["node"], current["node"])
-    if node_drift:
-        drift.setdefault(NODE_COMPONENT, []).extend(node_drift)
+    for component, entry in _node_drift(recorded["node"], current["node"]):
+        drift.setdefault(component, []).append(entry)
     return drift
 
 
 def _node_drift(recorded, current):
+    """(component, entry) for each difference in the node's own state. The MIG devices
+    are compared only where the record has them (records written before they were)."""
     entries = []
     rec_driver = recorded.get("driver")
     cur_driver = current.get("driver")
     if rec_driver != cur_driver:
         entries.append(
-            {"kind": "driver", "name": "nvidia", "recorded": rec_driver, "current": cur_driver}
-        )
-    rec_mig = recorded.get("mig") or {}
-    cur_mig = current.get("mig") or {}
-    if recorded.get("mig") != current.get("mig"):
-        for address in sorted(set(rec_mig) | set(cur_mig)):
-            if (
-                address not in cur_mig
-                or address not in rec_mig
-                or (rec_mig[address] != cur_mig[address])
-            ):
-                entries.append(
-                    {
-                        "kind": "mig",
-                        "name": address,
-                        "recorded": rec_mig.get(address),
-                        "current": cur_mig.get(address),
-                    }
-                )
-        if not entries or entries[-1]["kind"] != "mig":
-            # No GPU on one side to name: the MIG modes as a whole differ.
-            entries.append(
-                {
-                    "kind": "mig",
-                    "name": "all",
-                    "recorded": recorded.get("mig"),
-                    "current": current.get("mig"),
-                }
+            (
+                NODE_COMPONENT,
+                {"kind": "driver", "name": "nvidia", "recorded": rec_driver, "current": cur_driver},
             )
+        )
+    keys = [("mig", "mig")] + (
+        [("mig_devices", "mig-devices")] if "mig_devices" in recorded else []
+    )
+    for key, kind in keys:
+        rec, cur = recorded.get(key), current.get(key)
+        if rec == cur:
+            continue
+        rec_map, cur_map = rec or {}, cur or {}
+        named = [
+            {
+                "kind": kind,
+                "name": address,
+                "recorded": rec_map.get(address),
+                "current": cur_map.get(address),
+            }
+            for address in sorted(set(rec_map) | set(cur_map))
+            if rec_map.get(address) != cur_map.get(address)
+            or (address in rec_map) != (address in cur_map)
+        ]
+        # No GPU on one side to name: the states as a whole differ.
+        named = named or [{"kind": kind, "name": "all", "recorded": rec, "current": cur}]
+        entries.extend((MIG_COMPONENT, entry) for entry in named)
     return entries

@@ -1,9 +1,10 @@
 # Copyright: gpufleet developers
 # Apache License 2.0 (see the repository's LICENSE)
-"""Parse nvidia-smi output: `--query-gpu ... --format=csv,noheader,nounits` and `-q -x`."""
+"""Parse nvidia-smi output: `--query-gpu ... --format=csv,noheader,nounits`, `-q -x` and `-L`."""
 
 from __future__ import annotations
 
+import re
 import xml.etree.ElementTree as ET
 from typing import Any
 
@@ -20,6 +21,11 @@ QUERY_FIELDS = (
     "compute_cap",
 )
 _NOT_AVAILABLE = {"[N/A]", "N/A", "[Not Supported]", "Not Supported", ""}
+
+
+# `nvidia-smi -L`: a GPU line, then one indented line per MIG device of that GPU.
+_LIST_GPU = re.compile(r"^GPU (\d+): .*\(UUID: (GPU-[^)\s]+)\)\s*$")
+_LIST_MIG = re.compile(r"^\s+MIG (\S+)\s+Device\s+\d+: \(UUID: MIG-[^)\s]+\)\s*$")
 
 
 class SmiParseError(ValueError):
@@ -131,3 +137,36 @@ def parse_query_xml(output: str) -> dict[str, Any]:
         "attached_gpus": int(_text(root, "attached_gpus") or 0),
         "gpus": gpus,
     }
+
+
+def parse_list(output: str) -> dict[str, list[str]]:
+    """{GPU UUID: profiles of its MIG devices, in listed order} from `nvidia-smi -L`."""
+    gpus: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for number, line in enumerate(output.splitlines(), start=1):
+        if not line.strip():
+            continue
+        gpu = _LIST_GPU.match(line)
+        mig = _LIST_MIG.match(line)
+        if gpu:
+            current = gpus.setdefault(gpu.group(2), [])
+        elif mig and current is not None:
+            current.append(mig.group(1))
+        else:
+            raise SmiParseError(f"nvidia-smi -L line {number}: unexpected {line!r}")
+    return gpus
+
+
+def name_mig_devices(xml: dict[str, Any], listed: dict[str, list[str]]) -> None:
+    """Give each MIG device of parse_query_xml's result its profile (`profile`) from
+    parse_list's, matched by GPU UUID and position (both list devices by index)."""
+    for gpu in xml.get("gpus", []):
+        profiles = listed.get(gpu.get("uuid") or "", [])
+        devices = sorted(gpu.get("mig_devices", []), key=lambda device: device["index"])
+        if len(profiles) != len(devices):
+            raise SmiParseError(
+                f"GPU {gpu.get('uuid')}: nvidia-smi -L lists {len(profiles)} MIG devices, "
+                f"-q -x {len(devices)}"
+            )
+        for device, profile in zip(devices, profiles):
+            device["profile"] = profile

@@ -189,7 +189,14 @@ def _query_smi(module):
     rc, out, err = module.run_command([binary, "-q", "-x"])
     if rc != 0:
         return rows, None, f"nvidia-smi -q -x exited {rc}: {(out or err).strip()}"
-    return rows, smi.parse_query_xml(out), None
+    xml = smi.parse_query_xml(out)
+    if any(row.get("mig.mode.current") for row in rows):
+        # -q -x does not name a MIG device's profile; -L does, in the same order.
+        rc, out, err = module.run_command([binary, "-L"])
+        if rc != 0:
+            return rows, xml, f"nvidia-smi -L exited {rc}: {(out or err).strip()}"
+        smi.name_mig_devices(xml, smi.parse_list(out))
+    return rows, xml, None
 
 
 def gather(module, sysfs_root, query_driver):
