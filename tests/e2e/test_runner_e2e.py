@@ -109,10 +109,8 @@ def test_first_cycle_converges_the_fleet_and_the_unreachable_host_backs_off(flee
     assert status["e2e-t4"]["status"] == "converged", result.stdout
     assert set(status["e2e-t4"]["stages"].values()) == {"ready", "disabled"}
     assert status["e2e-t4"]["stages"]["mig"] == "disabled"  # no mig_config: MIG left alone
-    assert (status["e2e-a100"]["status"], status["e2e-a100"]["mig_layout"]) == (
-        "converged",
-        "all-balanced",
-    )
+    a100 = status["e2e-a100"]
+    assert (a100["status"], a100["mig_layout"]) == ("converged", "all-balanced"), a100
     assert _mig_devices(fleet) == [BALANCED, BALANCED]
     listed = fleet.runner("status").stdout
     assert "mig=ready:all-balanced" in listed, listed
