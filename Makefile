@@ -19,12 +19,12 @@ export ANSIBLE_FORCE_COLOR ?= 0
 export NO_COLOR ?= 1
 export PY_COLORS ?= 0
 
-.PHONY: help deps venv consumers toolkit migparted image repo fleet fleet-down fleet-status controlplane cluster cluster-down demo test lint unit e2e molecule molecule-cluster bench clean
+.PHONY: help deps venv consumers toolkit migparted image repo fleet fleet-down fleet-status controlplane cluster cluster-down demo test lint unit e2e e2e-mig molecule molecule-cluster bench clean
 
 help:
 	@echo "make demo    start the simulated GPU fleet and run the main job on it"
 	@echo "make test    run lint, unit, e2e tests and molecule scenarios (what CI runs)"
-	@echo "make fleet | fleet-status | fleet-down | cluster | cluster-down | lint | unit | e2e | molecule | bench | clean"
+	@echo "make fleet | fleet-status | fleet-down | cluster | cluster-down | lint | unit | e2e | e2e-mig | molecule | bench | clean"
 
 deps:
 	@bash tests/sim/host-deps.sh
@@ -99,6 +99,11 @@ unit: venv consumers toolkit migparted
 # with the cluster side against the test control plane.
 e2e: image repo controlplane
 	pytest tests/e2e
+
+# The MIG stage under the reconciler on a simulated A100 node (about 12 minutes): not
+# part of `make test`, to keep CI within its time budget.
+e2e-mig: image repo
+	pytest tests/e2e_mig
 
 # Not part of `make test`: measures, asserts nothing (see tests/bench).
 bench: image repo
