@@ -518,18 +518,15 @@ def test_disruptive_changes_roll_one_batch_at_a_time(store: StateStore) -> None:
     assert phases == ["queued", "cordoned", "applied", "done"]
 
 
+# What one cycle does to a Kubernetes node whose plan is disruptive.
+K8S_ROLLOUT = ["probe", "plan", "cordon", "drain", "apply", "uncordon"]
+
+
 def test_kubernetes_nodes_are_cordoned_drained_and_uncordoned(store: StateStore) -> None:
     reconciler, engine, _ = converged(store, "a")
     upgrade_driver(engine, "a", k8s_manifests_apply=True)
     reconciler.cycle()
-    assert [call for call, _ in engine.calls] == [
-        "probe",
-        "plan",
-        "cordon",
-        "drain",
-        "apply",
-        "uncordon",
-    ]
+    assert [call for call, _ in engine.calls] == K8S_ROLLOUT
 
 
 def test_a_mig_layout_change_is_rolled_out_like_a_driver_change(store: StateStore) -> None:
@@ -537,14 +534,7 @@ def test_a_mig_layout_change_is_rolled_out_like_a_driver_change(store: StateStor
     engine.nodes["a"].variables = {"mig_config": "all-balanced", "k8s_manifests_apply": True}
     engine.nodes["a"].pending = {"mig": True}
     reconciler.cycle()
-    assert [call for call, _ in engine.calls] == [
-        "probe",
-        "plan",
-        "cordon",
-        "drain",
-        "apply",
-        "uncordon",
-    ]
+    assert [call for call, _ in engine.calls] == K8S_ROLLOUT
     assert store.host("a").mig_layout == "all-balanced"
 
 
