@@ -10,6 +10,7 @@ declare -A wanted=(
   [aardvark-dns]=aardvark-dns [iptables]=iptables [slirp4netns]=slirp4netns
   [debootstrap]=debootstrap [gpg]=gnupg [apt-ftparchive]=apt-utils
   [dpkg-deb]=dpkg [gcc]=gcc [tar]=tar [make]=make
+  [ssh]=openssh-client
 )
 
 missing=()

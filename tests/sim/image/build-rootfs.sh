@@ -15,6 +15,7 @@ packages=(
   systemd systemd-sysv dbus          # a real init, so services really start and stop
   python3 python3-yaml python3-apt   # Ansible's interpreter and its apt module
   iproute2 procps kmod curl ca-certificates gnupg
+  openssh-server                     # Ansible's transport (inetd mode over podman exec)
 )
 
 debootstrap --variant=minbase --include="$(IFS=,; echo "${packages[*]}")" \
@@ -27,6 +28,11 @@ deb $mirror bookworm main
 deb $mirror bookworm-updates main
 deb ${mirror%/debian}/debian-security bookworm-security main
 SOURCES
+
+# Ansible logs in as root through a per-session `sshd -i` started by podman exec
+# (inventories/sim/group_vars/all/connection.yml), which alone is told to accept an
+# empty password; the listening sshd keeps Debian's defaults and refuses it.
+chroot "$rootfs" passwd -d root >/dev/null
 
 # Containers get their hostname and machine id when they start.
 rm -f "$rootfs/etc/hostname"
