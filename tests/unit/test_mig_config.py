@@ -14,6 +14,7 @@ import textwrap
 import pytest
 import yaml
 
+from ansible_collections.gpufleet.nvidia.plugins.filter import mig as mig_filters
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import mig_config, mig_profiles
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.mig_config import Gpu
 from conftest import PROJECT
@@ -281,3 +282,25 @@ def test_our_table_and_the_simulated_boards_agree(model):
             spec["starts"],
             spec["instances"],
         ), name
+
+
+def test_the_filter_takes_mig_from_the_driver_for_models_we_do_not_know():
+    """gpu_facts' mig_mode is true/false on a GPU with MIG, none without."""
+    layouts = yaml.safe_load(BALANCED)
+    unknown = [{"device_id": "0x2901", "mig_mode": False}]
+    verdict = mig_filters.mig_layout_check(unknown, layouts, "all-enabled")
+    assert verdict["errors"] == []
+    no_mig = [{"device_id": "0x2901", "mig_mode": None}]
+    verdict = mig_filters.mig_layout_check(no_mig, layouts, "all-enabled")
+    assert verdict["errors"] and "reaches a GPU" in verdict["errors"][0]
+
+
+def test_a_gpu_waits_for_a_reset_when_its_pending_mode_differs():
+    gpus = [
+        {"mig_mode": False, "mig_mode_pending": True},
+        {"mig_mode": True, "mig_mode_pending": True},
+        {"mig_mode": None, "mig_mode_pending": None},
+        {"mig_mode": True, "mig_mode_pending": False},
+    ]
+    assert mig_filters.mig_reset_pending(gpus) == [0, 3]
+    assert mig_filters.mig_reset_pending([]) == []

@@ -15,7 +15,8 @@ import pytest
 import yaml
 from test_mig_config import FIT_CASES
 
-from ansible_collections.gpufleet.nvidia.plugins.module_utils import mig_config
+from ansible_collections.gpufleet.nvidia.plugins.filter import mig as mig_filters
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import mig_config, smi
 from conftest import NVIDIA_SMI, mock_nvml_library, nvml_env
 from gpusim import node
 
@@ -54,9 +55,10 @@ def mig_node(sim_node, tmp_path, mig_parted, monkeypatch):
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         command = node.kernel_view_argv([str(mig_parted), *args], proc_driver=node.PROC_DRIVER)
-        return subprocess.run(
-            command, capture_output=True, text=True, env=nvml_env(library), check=False
-        )
+        # mig-parted resets GPUs with nvidia-smi (`-r`), found on PATH as on a node.
+        env = nvml_env(library)
+        env["PATH"] = f"{NVIDIA_SMI.parent}:{env['PATH']}"
+        return subprocess.run(command, capture_output=True, text=True, env=env, check=False)
 
     def smi(*args: str) -> str:
         result = subprocess.run(
@@ -108,6 +110,25 @@ def test_mig_parted_applies_a_layout_and_asserts_it(mig_node):
 
     assert mig_node.run("apply", "-f", config, "-c", "all-disabled").returncode == 0
     assert current(mig_node) == [{"devices": "all", "mig-enabled": False, "mig-devices": {}}]
+
+
+def test_a_held_gpu_keeps_its_mig_mode_change_pending(mig_node):
+    """NVML makes a MIG mode change current only when nothing else holds the GPU; then
+    mig-parted resets the GPUs, which fails while one is held. The mode stays pending
+    until a reset or a reboot (what the MIG stage reports as reboot-required)."""
+    mig_node("a100-pcie-2")
+    with (node.DEV / "nvidia0").open("rb"):  # this test's process holds GPU 0
+        applied = mig_node.run("apply", "-f", str(mig_node.config), "-c", "all-1g.5gb")
+    assert applied.returncode != 0
+    assert "error resetting all GPUs" in applied.stderr
+    modes = mig_node.smi(
+        "--query-gpu=index,mig.mode.current,mig.mode.pending", "--format=csv,noheader"
+    )
+    assert modes.splitlines() == ["0, Disabled, Enabled", "1, Enabled, Enabled"]
+    # What gpu_facts reads (`-q -x`) and the MIG stage decides from it.
+    gpus = smi.parse_query_xml(mig_node.smi("-q", "-x"))["gpus"]
+    assert [(g["mig_mode"], g["mig_mode_pending"]) for g in gpus] == [(False, True), (True, True)]
+    assert mig_filters.mig_reset_pending(gpus) == [0]
 
 
 def test_a_layout_that_does_not_fit_the_gpu_fails(mig_node):

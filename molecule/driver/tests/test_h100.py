@@ -65,6 +65,7 @@ def test_persistence_daemon_and_fabric_manager_run(host):
     assert unload.rc == 1 and "Module nvidia is in use" in unload.stderr
 
 
+H100 = "gpufleet-drv-h100"
 BALANCED = ["1g.10gb", "1g.10gb", "2g.20gb", "3g.40gb"]
 DROP_INS = "/etc/systemd/system/nvidia-mig-manager.service.d"
 
@@ -108,6 +109,40 @@ def test_instances_destroyed_by_hand_are_predicted_then_restored(host):
     assert _mig_devices(host) == [BALANCED] * 8
 
 
+def test_a_held_gpu_waits_for_a_reboot_to_change_its_mig_mode(host):
+    """Turning MIG off needs a GPU reset, impossible while a process the stage does not
+    know holds the GPU: under driver_reboot_policy never the stage stops at
+    reboot-required (and says so on every run without changing anything); under
+    if_needed it reboots and upstream's service lays the GPUs out at boot."""
+    host.check_output(
+        "systemd-run --unit=gpufleet-test-holder -p StandardInput=file:/dev/nvidia0 sleep 900"
+    )
+    try:
+        disable = ["--limit", H100, "-e", "mig_config=all-disabled"]
+        waiting = converge([*disable, "-e", "driver_reboot_policy=never"])
+        outcome = stage_of(waiting, H100, "mig_stage")
+        assert outcome["status"] == "reboot-required", outcome
+        assert "GPU 0 needs a GPU reset" in outcome["reason"]
+        assert _mig_modes(host)[0] == ("Enabled", "Disabled")  # pending until a reset
+        assert set(_mig_modes(host)[1:]) == {("Disabled", "Disabled")}
+
+        again = converge([*disable, "-e", "driver_reboot_policy=never"])
+        assert stage_of(again, H100, "mig_stage")["status"] == "reboot-required"
+        assert again["stats"][H100]["changed"] == 0
+
+        rebooted = converge(disable)  # the host's own policy: if_needed
+        outcome = stage_of(rebooted, H100, "mig_stage")
+        assert outcome["status"] == "ready" and outcome["changed"], outcome
+        assert set(_mig_modes(host)) == {("Disabled", "Disabled")}
+        assert not host.service("gpufleet-test-holder").is_running  # gone with the boot
+    finally:
+        host.run("systemctl stop gpufleet-test-holder")
+
+    back = converge(["--limit", H100])
+    assert stage_of(back, H100, "mig_stage")["status"] == "ready"
+    assert _mig_devices(host) == [BALANCED] * 8
+
+
 def test_the_layout_comes_back_after_a_reboot(host):
     """A reboot loses the instances (as on real GPUs); upstream's service, with the
     stage's drop-ins, lays them out again at boot. Last in this file: it reboots."""
@@ -123,3 +158,11 @@ def _mig_devices(host) -> list[list[str]]:
     """Per GPU, the sorted profiles of its MIG devices as nvidia-smi -L lists them."""
     listed = smi.parse_list(host.check_output("nvidia-smi -L"))
     return [sorted(profiles) for profiles in listed.values()]
+
+
+def _mig_modes(host) -> list[tuple[str, str]]:
+    """Per GPU, its current and pending MIG mode."""
+    out = host.check_output(
+        "nvidia-smi --query-gpu=mig.mode.current,mig.mode.pending --format=csv,noheader"
+    )
+    return [tuple(field.strip() for field in line.split(",")) for line in out.splitlines()]

@@ -353,6 +353,21 @@ static int gpu_held_by_others(const struct nvmlDevice_st *gpu)
     DIR *procs, *fds;
     struct dirent *proc, *fd;
     int held = 0;
+    /* In gpusim's kernel view (a user namespace: no other process's descriptors to
+     * read) the view says which GPUs were held when the program started. */
+    const char *listed = getenv("GPUSIM_GPUS_HELD");
+    if (listed) {
+        for (const char *p = listed; *p;) {
+            char *end;
+            unsigned long index = strtoul(p, &end, 10);
+            if (end == p)
+                break;
+            if (index == gpu->index)
+                return 1;
+            p = *end == ',' ? end + 1 : end;
+        }
+        return 0;
+    }
     snprintf(wanted, sizeof wanted, "%s/nvidia%u", dev_dir(), gpu->index);
     if (!(procs = opendir("/proc")))
         return 0;

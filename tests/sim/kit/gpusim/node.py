@@ -209,6 +209,10 @@ def proc_modules() -> str:
 # /proc/modules to show a module in), so they run in a user and mount namespace of
 # their own in which /proc is a tmpfs of links to the real one plus a `modules` file,
 # and /sys/bus/pci/devices is the simulated PCI tree. Everything else is the node's.
+# Inside that user namespace other processes' file descriptors cannot be read, so the
+# mock NVML cannot see who holds a GPU (the driver's test before it makes a MIG mode
+# change current): the view passes the GPUs held when the command starts
+# (GPUSIM_GPUS_HELD, their indexes).
 _KERNEL_VIEW = r"""
 set -e
 real_proc="$1" modules="$2" pci="$3" proc_driver="$4"; shift 4
@@ -228,6 +232,7 @@ def kernel_view_argv(command: Sequence[str], proc_driver: Path | None = None) ->
     """`command` run in the node's view of the kernel (above). `proc_driver`: a
     directory to show as /proc/driver (a node's is already there; a test node's not)."""
     return [
+        "env", f"GPUSIM_GPUS_HELD={','.join(map(str, held_gpus()))}",
         "unshare", "--user", "--map-root-user", "--mount", "--propagation", "private",
         "sh", "-c", _KERNEL_VIEW, "sh", str(RUN / "proc-view"), proc_modules(),
         str(SYS / "bus" / "pci" / "devices"), str(proc_driver or ""), *command,
@@ -309,6 +314,15 @@ def holders(paths: list[Path]) -> list[tuple[int, str]]:
                 name = "?"
             found.append((pid, name))
     return sorted(found)
+
+
+def held_gpus() -> list[int]:
+    """Indexes of the GPUs whose device file (/dev/nvidiaN) a process holds open."""
+    held = []
+    for path in DEV.glob("nvidia[0-9]*"):
+        if path.name[len("nvidia") :].isdigit() and holders([path]):
+            held.append(int(path.name[len("nvidia") :]))
+    return sorted(held)
 
 
 # --- what the mock NVML reads --------------------------------------------------------

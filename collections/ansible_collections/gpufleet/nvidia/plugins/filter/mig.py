@@ -1,8 +1,9 @@
 # Copyright: gpufleet developers
 # Apache License 2.0 (see the repository's LICENSE)
-"""A MIG layout checked against a node's GPUs on the controller, before any change.
+"""MIG on the controller: a layout checked against a node's GPUs before any change,
+and the GPUs whose MIG mode change waits for a reset.
 
-Documentation: mig_layout_check.yml next to this file.
+Documentation: mig_layout_check.yml and mig_reset_pending.yml next to this file.
 """
 
 from __future__ import annotations
@@ -11,17 +12,14 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import mig_config, mig_profiles
 
-# nvidia-smi's mig.mode.current on a GPU that has MIG (others answer "[N/A]").
-_MIG_MODES = ("Enabled", "Disabled")
-
-
 def _gpu(index, fact):
     try:
         device_id = int(str(fact.get("device_id")), 16)
     except ValueError as exc:
         raise AnsibleFilterError(f"GPU {index}: no PCI device id in the facts") from exc
-    # Known from the profile table without a driver; from the driver for other models.
-    capable = device_id in mig_profiles.MODELS or fact.get("mig_mode") in _MIG_MODES
+    # Known from the profile table without a driver; from the driver for other models
+    # (mig_mode is true or false on a GPU that has MIG, none where it has not).
+    capable = device_id in mig_profiles.MODELS or fact.get("mig_mode") is not None
     return mig_config.Gpu(index, device_id, capable)
 
 
@@ -38,6 +36,21 @@ def mig_layout_check(gpus, config, name):
     return {"errors": list(verdict.errors), "unchecked": list(verdict.unchecked)}
 
 
+def mig_reset_pending(gpus):
+    """Indexes of the GPUs (from gpu_facts) whose MIG mode differs from the mode they
+    take at their next reset: a change the driver could not make current because
+    something held the GPU."""
+    if not isinstance(gpus, list):
+        raise AnsibleFilterError("mig_reset_pending: expected the node's GPU list")
+    return [
+        index
+        for index, gpu in enumerate(gpus)
+        if gpu.get("mig_mode") is not None
+        and gpu.get("mig_mode_pending") is not None
+        and gpu["mig_mode"] != gpu["mig_mode_pending"]
+    ]
+
+
 class FilterModule:
     def filters(self):
-        return {"mig_layout_check": mig_layout_check}
+        return {"mig_layout_check": mig_layout_check, "mig_reset_pending": mig_reset_pending}

@@ -106,6 +106,10 @@ def gpu_list(
                 if compute_major is not None
                 else None,
                 "mig_mode": row.get("mig.mode.current"),
+                # The mode the GPU takes at its next reset (differs while a change waits).
+                "mig_mode_pending": detail.get("mig_mode_pending")
+                if row.get("mig.mode.current") is not None
+                else None,
                 "mig_devices": detail.get("mig_devices", []),
                 "persistence_mode": row.get("persistence_mode"),
             }

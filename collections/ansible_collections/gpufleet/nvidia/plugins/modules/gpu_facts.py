@@ -71,7 +71,9 @@ ansible_facts:
           sample: 8
         gpus:
           description: One entry per GPU (PCI address, device id, name, memory in MiB,
-            NUMA node, compute capability, family, MIG mode, UUID when the driver answers).
+            NUMA node, compute capability, family, UUID when the driver answers; on a GPU
+            with MIG C(mig_mode), C(mig_mode_pending) (the mode its next reset brings)
+            and C(mig_devices)).
           type: list
           elements: dict
         nvswitch_count:
