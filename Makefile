@@ -119,11 +119,11 @@ molecule: image repo
 	  "(run: GPUFLEET_GPU_VM_INVENTORY=<file> molecule test -s gpu-vm)"
 	$(MAKE) --no-print-directory molecule-cluster
 
-# Scenario cluster against the test control plane, with two simulated nodes (a T4 and a
-# CPU-only node) as the cluster's nodes. A site runs the same scenario with its own
-# KUBECONFIG, GPUFLEET_CLUSTER_INVENTORY and GPUFLEET_CLUSTER_GROUP_VARS.
+# Scenario cluster against the test control plane, with three simulated nodes (a T4, an
+# A100 pair under MIG and a CPU-only node) as the cluster's nodes. A site runs the same scenario with its own
+# KUBECONFIG, GPUFLEET_CLUSTER_INVENTORY, GPUFLEET_CLUSTER_GROUP_VARS and _HOST_VARS.
 MOLECULE_CLUSTER := $(CURDIR)/.cache/molecule-cluster
-MOLECULE_CLUSTER_NODES := mol-k8s-t4=t4-1 mol-k8s-cpu=none
+MOLECULE_CLUSTER_NODES := mol-k8s-t4=t4-1 mol-k8s-a100=a100-pcie-2 mol-k8s-cpu=none
 molecule-cluster: image repo controlplane
 	@rm -rf $(MOLECULE_CLUSTER) && mkdir -p $(MOLECULE_CLUSTER)
 	@ln -s $(CURDIR)/inventories/sim/group_vars $(MOLECULE_CLUSTER)/group_vars
