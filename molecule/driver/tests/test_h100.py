@@ -126,9 +126,16 @@ def test_a_held_gpu_waits_for_a_reboot_to_change_its_mig_mode(host):
         assert _mig_modes(host)[0] == ("Enabled", "Disabled")  # pending until a reset
         assert set(_mig_modes(host)[1:]) == {("Disabled", "Disabled")}
 
-        again = converge([*disable, "-e", "driver_reboot_policy=never"])
-        assert stage_of(again, H100, "mig_stage")["status"] == "reboot-required"
-        assert again["stats"][H100]["changed"] == 0
+        # Waiting changes nothing, and check mode predicts exactly that.
+        for mode in ([], ["--check"]):
+            again = converge([*disable, "-e", "driver_reboot_policy=never", *mode])
+            assert stage_of(again, H100, "mig_stage")["status"] == "reboot-required"
+            assert again["stats"][H100]["changed"] == 0
+
+        # Under if_needed check mode predicts the reboot and does not do it.
+        predicted = converge([*disable, "--check"])
+        assert predicted["stats"][H100]["changed"] > 0
+        assert host.service("gpufleet-test-holder").is_running
 
         rebooted = converge(disable)  # the host's own policy: if_needed
         outcome = stage_of(rebooted, H100, "mig_stage")
