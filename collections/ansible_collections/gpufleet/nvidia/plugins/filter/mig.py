@@ -12,6 +12,7 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import mig_config, mig_profiles
 
+
 def _gpu(index, fact):
     try:
         device_id = int(str(fact.get("device_id")), 16)
