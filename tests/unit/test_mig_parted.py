@@ -58,7 +58,10 @@ def mig_node(sim_node, tmp_path, mig_parted, monkeypatch):
         # mig-parted resets GPUs with nvidia-smi (`-r`), found on PATH as on a node.
         env = nvml_env(library)
         env["PATH"] = f"{NVIDIA_SMI.parent}:{env['PATH']}"
-        return subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+        with node.held_gpus_service() as held:
+            return subprocess.run(
+                command, capture_output=True, text=True, env={**env, **held}, check=False
+            )
 
     def smi(*args: str) -> str:
         result = subprocess.run(

@@ -9,10 +9,12 @@ mock gets wrong, or a parser that misreads the real tool, fails here.
 from __future__ import annotations
 
 import re
+import shutil
 import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -307,6 +309,25 @@ def test_gpu_instances_follow_the_boards_placement_rules(gpu_node):
     free = gpu_node.run("mig", "-lgip", "-i", "0").stdout
     remaining = {name: int(n) for name, n in re.findall(r"MIG (\S+)\s+\d+\s+(\d+)/\d+", free)}
     assert (remaining["3g.20gb"], remaining["4g.20gb"], remaining["1g.5gb"]) == (1, 0, 3)
+
+
+def test_the_persistence_daemon_does_not_keep_a_gpu_from_its_reset(gpu_node, tmp_path):
+    """As NVIDIA's nvidia-mig-manager service assumes (it runs after nvidia-persistenced
+    and the fabric manager and leaves them running), their handles do not hold a MIG
+    mode change back; any other process's do."""
+    gpu_node("a100-pcie-2")
+    daemon = tmp_path / "nvidia-persistenced"  # /proc/PID/comm: nvidia-persiste
+    shutil.copy("/bin/sleep", daemon)
+    with open(node.DEV / "nvidia0", "rb") as gpu:
+        holder = subprocess.Popen([str(daemon), "60"], stdin=gpu)
+    try:
+        time.sleep(0.2)
+        assert gpu_node.run("-i", "0", "-mig", "1").returncode == 0
+    finally:
+        holder.kill()
+        holder.wait()
+    query = ("--query-gpu=mig.mode.current,mig.mode.pending", "--format=csv,noheader")
+    assert gpu_node.run(*query).stdout.splitlines()[0] == "Enabled, Enabled"
 
 
 def test_mig_mode_waits_for_a_gpu_reset_while_the_gpu_is_held(gpu_node):

@@ -109,41 +109,63 @@ def test_instances_destroyed_by_hand_are_predicted_then_restored(host):
     assert _mig_devices(host) == [BALANCED] * 8
 
 
-def test_a_held_gpu_waits_for_a_reboot_to_change_its_mig_mode(host):
-    """Turning MIG off needs a GPU reset, impossible while a process the stage does not
-    know holds the GPU: under driver_reboot_policy never the stage stops at
-    reboot-required (and says so on every run without changing anything); under
-    if_needed it reboots and upstream's service lays the GPUs out at boot."""
+def test_a_gpu_held_by_an_unknown_process_stops_the_change_naming_it(host):
+    """The stage stops the GPU services it knows; any other process still holding a GPU
+    is named, and the layout, the GPUs and the services stay as they were."""
     host.check_output(
         "systemd-run --unit=gpufleet-test-holder -p StandardInput=file:/dev/nvidia0 sleep 900"
     )
     try:
-        disable = ["--limit", H100, "-e", "mig_config=all-disabled"]
-        waiting = converge([*disable, "-e", "driver_reboot_policy=never"])
-        outcome = stage_of(waiting, H100, "mig_stage")
-        assert outcome["status"] == "reboot-required", outcome
-        assert "GPU 0 needs a GPU reset" in outcome["reason"]
-        assert _mig_modes(host)[0] == ("Enabled", "Disabled")  # pending until a reset
-        assert set(_mig_modes(host)[1:]) == {("Disabled", "Disabled")}
-
-        # Waiting changes nothing, and check mode predicts exactly that.
-        for mode in ([], ["--check"]):
-            again = converge([*disable, "-e", "driver_reboot_policy=never", *mode])
-            assert stage_of(again, H100, "mig_stage")["status"] == "reboot-required"
-            assert again["stats"][H100]["changed"] == 0
-
-        # Under if_needed check mode predicts the reboot and does not do it.
-        predicted = converge([*disable, "--check"])
-        assert predicted["stats"][H100]["changed"] > 0
-        assert host.service("gpufleet-test-holder").is_running
-
-        rebooted = converge(disable)  # the host's own policy: if_needed
-        outcome = stage_of(rebooted, H100, "mig_stage")
-        assert outcome["status"] == "ready" and outcome["changed"], outcome
-        assert set(_mig_modes(host)) == {("Disabled", "Disabled")}
-        assert not host.service("gpufleet-test-holder").is_running  # gone with the boot
+        pid = host.check_output("systemctl show -p MainPID --value gpufleet-test-holder")
+        refused = converge(["--limit", H100, "-e", "mig_config=all-disabled"])
+        outcome = stage_of(refused, H100, "mig_stage")
+        assert outcome["status"] == "failed"
+        holder = f"pid {pid} (/usr/bin/sleep 900) in gpufleet-test-holder.service holds GPU 0"
+        assert holder in outcome["reason"]
+        assert _mig_devices(host) == [BALANCED] * 8
+        assert set(_mig_modes(host)) == {("Enabled", "Enabled")}
+        assert host.service("nvidia-persistenced").is_running  # started again
     finally:
         host.run("systemctl stop gpufleet-test-holder")
+
+
+def test_a_mode_change_waiting_for_a_reset_waits_for_a_reboot(host):
+    """MIG turned off by hand while the GPU was held stays pending until a reset. Under
+    driver_reboot_policy never the stage stops at reboot-required (on every run, changing
+    nothing); under if_needed it reboots, and upstream's service lays the GPUs out at boot."""
+    host.check_output(
+        "systemd-run --unit=gpufleet-test-holder -p StandardInput=file:/dev/nvidia0 sleep 900"
+    )
+    host.check_output("nvidia-smi mig -dci -i 0 && nvidia-smi mig -dgi -i 0")
+    host.run("nvidia-smi -i 0 -mig 0")  # warns: pending, in use by another client
+    host.check_output("systemctl stop gpufleet-test-holder")
+    assert _mig_modes(host)[0] == ("Enabled", "Disabled")
+
+    disable = ["--limit", H100, "-e", "mig_config=all-disabled"]
+    waiting = converge([*disable, "-e", "driver_reboot_policy=never"])
+    outcome = stage_of(waiting, H100, "mig_stage")
+    assert outcome["status"] == "reboot-required", outcome
+    assert "GPU 0 waits for a GPU reset" in outcome["reason"]
+    assert _mig_modes(host)[0] == ("Enabled", "Disabled")
+
+    # Waiting changes nothing, and check mode predicts exactly that.
+    for mode in ([], ["--check"]):
+        again = converge([*disable, "-e", "driver_reboot_policy=never", *mode])
+        assert stage_of(again, H100, "mig_stage")["status"] == "reboot-required"
+        assert again["stats"][H100]["changed"] == 0
+
+    # Under if_needed check mode predicts the reboot without doing it.
+    booted = _boot_time(host)
+    predicted = converge([*disable, "--check"])
+    assert predicted["stats"][H100]["changed"] > 0
+    assert _mig_modes(host)[0] == ("Enabled", "Disabled")
+    assert _boot_time(host) == booted
+
+    rebooted = converge(disable)  # the host's own policy: if_needed
+    outcome = stage_of(rebooted, H100, "mig_stage")
+    assert outcome["status"] == "ready" and outcome["changed"], outcome
+    assert set(_mig_modes(host)) == {("Disabled", "Disabled")}
+    assert _boot_time(host) != booted
 
     back = converge(["--limit", H100])
     assert stage_of(back, H100, "mig_stage")["status"] == "ready"
@@ -173,3 +195,8 @@ def _mig_modes(host) -> list[tuple[str, str]]:
         "nvidia-smi --query-gpu=mig.mode.current,mig.mode.pending --format=csv,noheader"
     )
     return [tuple(field.strip() for field in line.split(",")) for line in out.splitlines()]
+
+
+def _boot_time(host) -> str:
+    """When the node booted: its init's start (the container shares the host's boot id)."""
+    return host.check_output("ps -o lstart= -p 1")

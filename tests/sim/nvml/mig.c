@@ -18,7 +18,9 @@
 
 #include <dirent.h>
 #include <sys/file.h>
+#include <sys/socket.h>
 #include <sys/sysmacros.h>
+#include <sys/un.h>
 
 #define MAX_GI_IDS 15     /* GPU instance ids 1..14 */
 #define MAX_CI_IDS 8      /* compute instance ids 0..7 */
@@ -346,28 +348,75 @@ EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *curr
     return NVML_SUCCESS;
 }
 
-/* Whether a process other than this one has the GPU's device file open. */
+/*
+ * In gpusim's kernel view (a user namespace, where no other process's descriptors can
+ * be read) the view answers instead: a connection to GPUSIM_GPUS_HELD_SOCKET gets the
+ * indexes of the GPUs held by processes other than the one connecting, as they are
+ * then ("0,3"). 1: held, 0: not, -1: no such answer.
+ */
+static int held_per_kernel_view(unsigned int index)
+{
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    const char *path = getenv("GPUSIM_GPUS_HELD_SOCKET");
+    char reply[256];
+    size_t used = 0;
+    ssize_t n;
+    int fd;
+    if (!path || !*path || strlen(path) >= sizeof addr.sun_path)
+        return -1;
+    copy(addr.sun_path, sizeof addr.sun_path, path);
+    if ((fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0)) < 0)
+        return -1;
+    if (connect(fd, (struct sockaddr *)&addr, sizeof addr) < 0) {
+        close(fd);
+        return -1;
+    }
+    while (used < sizeof reply - 1 && (n = read(fd, reply + used, sizeof reply - 1 - used)) > 0)
+        used += (size_t)n;
+    close(fd);
+    reply[used] = '\0';
+    for (const char *p = reply; *p;) {
+        char *end;
+        unsigned long held = strtoul(p, &end, 10);
+        if (end == p)
+            break;
+        if (held == index)
+            return 1;
+        p = *end == ',' ? end + 1 : end;
+    }
+    return 0;
+}
+
+/*
+ * Driver daemons whose handles do not keep a GPU from being reset (NVIDIA's
+ * nvidia-mig-manager service runs after both and leaves them running): the persistence
+ * daemon and the fabric manager, by their /proc/PID/comm (gpusim's RESET_TOLERATED).
+ */
+static int reset_tolerated(long pid)
+{
+    char path[64], comm[32] = "";
+    FILE *file;
+    snprintf(path, sizeof path, "/proc/%ld/comm", pid);
+    if (!(file = fopen(path, "re")))
+        return 0;
+    if (!fgets(comm, sizeof comm, file))
+        comm[0] = '\0';
+    fclose(file);
+    comm[strcspn(comm, "\n")] = '\0';
+    return !strcmp(comm, "nvidia-persiste") || !strcmp(comm, "nv-fabricmanage");
+}
+
+/* Whether a process other than this one (and the daemons above) has the GPU's device
+ * file open, so that the driver cannot reset the GPU. */
 static int gpu_held_by_others(const struct nvmlDevice_st *gpu)
 {
     char wanted[PATH_MAX], fd_dir[64], link[PATH_MAX + 64], target[PATH_MAX];
     DIR *procs, *fds;
     struct dirent *proc, *fd;
-    int held = 0;
-    /* In gpusim's kernel view (a user namespace: no other process's descriptors to
-     * read) the view says which GPUs were held when the program started. */
-    const char *listed = getenv("GPUSIM_GPUS_HELD");
-    if (listed) {
-        for (const char *p = listed; *p;) {
-            char *end;
-            unsigned long index = strtoul(p, &end, 10);
-            if (end == p)
-                break;
-            if (index == gpu->index)
-                return 1;
-            p = *end == ',' ? end + 1 : end;
-        }
-        return 0;
-    }
+    int held = held_per_kernel_view(gpu->index);
+    if (held >= 0)
+        return held;
+    held = 0;
     snprintf(wanted, sizeof wanted, "%s/nvidia%u", dev_dir(), gpu->index);
     if (!(procs = opendir("/proc")))
         return 0;
@@ -383,7 +432,7 @@ static int gpu_held_by_others(const struct nvmlDevice_st *gpu)
             snprintf(link, sizeof link, "%s/%s", fd_dir, fd->d_name);
             if ((n = readlink(link, target, sizeof target - 1)) > 0) {
                 target[n] = '\0';
-                held = !strcmp(target, wanted);
+                held = !strcmp(target, wanted) && !reset_tolerated(pid);
             }
         }
         closedir(fds);

@@ -132,9 +132,12 @@ def kernel_view(command: Sequence[str]) -> int:
     """
     if os.environ.get(IN_KERNEL_VIEW):
         os.execvp(command[0], list(command))
-    done = subprocess.run(
-        node.kernel_view_argv(command), env=dict(os.environ, **{IN_KERNEL_VIEW: "1"}), check=False
-    )
+    with node.held_gpus_service() as held:
+        done = subprocess.run(
+            node.kernel_view_argv(command),
+            env=dict(os.environ, **held, **{IN_KERNEL_VIEW: "1"}),
+            check=False,
+        )
     node.create_instance_device_files()
     return done.returncode
 

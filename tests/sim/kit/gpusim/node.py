@@ -20,8 +20,10 @@ import re
 import shutil
 import socket
 import stat
+import struct
 import subprocess
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -211,8 +213,7 @@ def proc_modules() -> str:
 # and /sys/bus/pci/devices is the simulated PCI tree. Everything else is the node's.
 # Inside that user namespace other processes' file descriptors cannot be read, so the
 # mock NVML cannot see who holds a GPU (the driver's test before it makes a MIG mode
-# change current): the view passes the GPUs held when the command starts
-# (GPUSIM_GPUS_HELD, their indexes).
+# change current): it asks the process that started the view (held_gpus_service).
 _KERNEL_VIEW = r"""
 set -e
 real_proc="$1" modules="$2" pci="$3" proc_driver="$4"; shift 4
@@ -232,7 +233,6 @@ def kernel_view_argv(command: Sequence[str], proc_driver: Path | None = None) ->
     """`command` run in the node's view of the kernel (above). `proc_driver`: a
     directory to show as /proc/driver (a node's is already there; a test node's not)."""
     return [
-        "env", f"GPUSIM_GPUS_HELD={','.join(map(str, held_gpus()))}",
         "unshare", "--user", "--map-root-user", "--mount", "--propagation", "private",
         "sh", "-c", _KERNEL_VIEW, "sh", str(RUN / "proc-view"), proc_modules(),
         str(SYS / "bus" / "pci" / "devices"), str(proc_driver or ""), *command,
@@ -316,13 +316,63 @@ def holders(paths: list[Path]) -> list[tuple[int, str]]:
     return sorted(found)
 
 
-def held_gpus() -> list[int]:
-    """Indexes of the GPUs whose device file (/dev/nvidiaN) a process holds open."""
+# Driver daemons whose handles do not keep a GPU from being reset: NVIDIA's
+# nvidia-mig-manager service runs after both and its hooks leave them running
+# (deployments/systemd of mig-parted). Names as /proc/PID/comm has them.
+RESET_TOLERATED = ("nvidia-persiste", "nv-fabricmanage")
+
+
+def held_gpus(exclude_pid: int | None = None) -> list[int]:
+    """Indexes of the GPUs that a process other than `exclude_pid` (and the driver
+    daemons of RESET_TOLERATED) holds open, so that the driver cannot reset them."""
     held = []
     for path in DEV.glob("nvidia[0-9]*"):
-        if path.name[len("nvidia") :].isdigit() and holders([path]):
-            held.append(int(path.name[len("nvidia") :]))
+        index = path.name[len("nvidia") :]
+        users = [
+            pid
+            for pid, name in holders([path])
+            if pid != exclude_pid and name not in RESET_TOLERATED
+        ]
+        if index.isdigit() and users:
+            held.append(int(index))
     return sorted(held)
+
+
+@contextlib.contextmanager
+def held_gpus_service() -> Iterator[dict[str, str]]:
+    """While open, answers a program in the kernel view which GPUs are held.
+
+    Each connection to the socket (named in the environment yielded, for the mock
+    NVML) gets the indexes of the GPUs that processes other than the connecting one
+    hold at that moment, comma-separated: what the kernel driver knows when it
+    decides whether it can reset a GPU.
+    """
+    path = RUN / f"held-gpus-{os.getpid()}.sock"
+    path.unlink(missing_ok=True)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen()
+    credentials = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+    def serve() -> None:
+        while True:
+            try:
+                client, _ = server.accept()
+            except OSError:
+                return  # closed
+            with client, contextlib.suppress(OSError):
+                peer = client.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, credentials.size)
+                pid = credentials.unpack(peer)[0]
+                client.sendall(",".join(map(str, held_gpus(exclude_pid=pid))).encode())
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        yield {"GPUSIM_GPUS_HELD_SOCKET": str(path)}
+    finally:
+        with contextlib.suppress(OSError):
+            server.shutdown(socket.SHUT_RDWR)
+        server.close()
+        path.unlink(missing_ok=True)
 
 
 # --- what the mock NVML reads --------------------------------------------------------
