@@ -438,13 +438,20 @@ def _start(component: Component) -> subprocess.Popen[bytes]:
 
 
 def _wait_healthy(component: Component, process: subprocess.Popen[bytes] | None) -> None:
-    """Until the component answers; `process` is the one just started, if any."""
+    """Until the component answers; `process` is the one just started, if any.
+
+    A recorded process that is still there may be on its way out (kube-apiserver
+    takes up to a minute to shut down after SIGTERM, holding its port): once it is
+    gone, a new one is started.
+    """
     deadline = time.monotonic() + START_TIMEOUT
     while time.monotonic() < deadline:
         if process is not None and process.poll() is not None:
             log = CLUSTER_DIR / "logs" / f"{component.name}.log"
             tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-15:])
             raise ClusterError(f"{component.name} exited; end of {log}:\n{tail}")
+        if process is None and _running_pid(component.name, component.argv[0]) is None:
+            process = _start(component)
         if not component.health or _healthy(component.health):
             return
         time.sleep(0.5)
