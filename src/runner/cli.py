@@ -388,7 +388,7 @@ def _unwell(record: HostRecord) -> bool:
     """Whether the host is not where it should be, for the exit code."""
     return (
         record.quarantined
-        or record.status in ("failed", "unreachable", "reboot-required")
+        or record.status in ("failed", "refused", "unreachable", "reboot-required")
         or record.rollout_phase == "halted"
         or record.rollout_reason.startswith("drain blocked")
     )
@@ -455,8 +455,8 @@ def _host_line(record: HostRecord) -> str:
     where = record.failed_stage or ""
     why = record.reason if record.reason.startswith(f"{where}:") else f"{where}: {record.reason}"
     if record.quarantined:
-        return f"quarantined ({why})"
-    if record.status in ("failed", "unreachable", "reboot-required"):
+        return f"quarantined ({why}); once fixed: runner release {record.name}"
+    if record.status in ("failed", "refused", "unreachable", "reboot-required"):
         return f"{record.status} ({why})"
     if record.status == "drifted" and record.drift:
         return "drifted (" + ", ".join(sorted({d["component"] for d in record.drift})) + ")"

@@ -135,6 +135,10 @@ class Engine(Protocol):
 
     def desired_hashes(self, hostvars: Mapping[str, Mapping[str, Any]]) -> dict[str, str]: ...
 
+    def check_settings(self, hosts: Sequence[str]) -> dict[str, str]:
+        """The hosts whose settings a stage would refuse, each with why (on the controller)."""
+        ...
+
     def probe(self, hosts: Sequence[str], cluster: bool = False) -> dict[str, ProbeResult]:
         """Each host's probe; with `cluster`, the cluster side's too, as CLUSTER_HOST."""
         ...
@@ -364,6 +368,10 @@ class AnsibleEngine:
         for group in data.values():
             if isinstance(group, Mapping):
                 names.update(group.get("hosts", []))
+        if limit and not names:
+            raise EngineError(
+                f"--limit {limit!r} matches no host of inventory {self.inventory_path}"
+            )
         return {name: hostvars.get(name, {}) for name in sorted(names)}
 
     def desired_hashes(self, hostvars: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
@@ -402,6 +410,14 @@ class AnsibleEngine:
             return collector
         output = runner.stdout.read() if runner.stdout else ""
         raise EngineError(f"ansible-playbook {playbook} did not run ({runner.status}): {output}")
+
+    def check_settings(self, hosts: Sequence[str]) -> dict[str, str]:
+        collector = self._run("playbooks/settings.yml", hosts)
+        return {
+            host: "; ".join(run.failures)
+            for host, run in sorted(collector.hosts.items())
+            if run.failures
+        }
 
     def probe(self, hosts: Sequence[str], cluster: bool = False) -> dict[str, ProbeResult]:
         collector = self._run("playbooks/probe.yml", _with_cluster(hosts, cluster))

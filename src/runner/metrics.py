@@ -19,6 +19,7 @@ HOST_STATUSES = (
     "converged",
     "drifted",
     "failed",
+    "refused",
     "unreachable",
     "reboot-required",
     "not-a-gpu-node",

@@ -52,6 +52,9 @@ UNAVAILABLE = ("cordoned", "drained", "applied", "halted")
 # the driver, lay out the GPUs anew or restart a container runtime (and with it the
 # node's workloads).
 DISRUPTIVE_COMPONENTS = ("driver", "mig", "runtime_config")
+# Drift whose repair puts back what the last apply recorded and replaces nothing loaded:
+# applied even when the plan fails (the plan may fail on that very drift).
+REPAIRABLE_KINDS = ("file", "service")
 
 
 @dataclass
@@ -169,6 +172,8 @@ class Reconciler:
         self.stop = stop or Stop()
         # Observers (metrics) are told about cycles, drift, changes and host states.
         self.hook = hook or (lambda _event, _data: None)
+        # host -> the desired state whose settings were found well-formed.
+        self._settings_checked: dict[str, str] = {}
 
     # -- the loop ----------------------------------------------------------------
 
@@ -220,6 +225,10 @@ class Reconciler:
                 )
             else:
                 due.append(host)
+        refused = self._refused_settings(due, desired)
+        for host, reason in refused.items():
+            self._refuse(records[host], report, reason)
+        due = [host for host in due if host not in refused]
         if not due:
             return
 
@@ -295,7 +304,19 @@ class Reconciler:
             outcome.diffs = _diffs(run)
             report.outcomes[host] = outcome
             if not run.reachable or run.failures:
-                self._failed(record, report, "plan", "; ".join(run.failures), outcome)
+                failure = "; ".join(run.failures)
+                if run.reachable and self._repairable_without_plan(record, reasons, desired[host]):
+                    # The plan broke on the drift itself (a sources file or a runtime
+                    # config mangled by hand): putting back what the last apply
+                    # recorded needs no plan, and is the way out.
+                    outcome.message = (
+                        f"plan failed ({failure}); the drift is only in files and services "
+                        "the last apply recorded: repaired without a plan"
+                    )
+                    to_apply.append(host)
+                    self.store.save(record)
+                    continue
+                self._failed(record, report, "plan", failure + _why_not_repaired(record), outcome)
                 continue
             record.last_full_check = self.clock()
             needs_apply = bool(outcome.pending) or "drift" in reasons or "no record" in reasons
@@ -385,6 +406,21 @@ class Reconciler:
             and record.desired_hash == desired
             and record.rollout_phase is None
             and drifted.isdisjoint(DISRUPTIVE_COMPONENTS)
+        )
+
+    def _repairable_without_plan(
+        self, record: HostRecord, reasons: Sequence[str], desired: str
+    ) -> bool:
+        """Whether a host whose plan failed may still be applied: its desired state is
+        what it reached, and all that drifted are files and services (put back as
+        recorded), nothing whose repair could replace a loaded driver or a MIG layout."""
+        return (
+            not self.settings.check_only
+            and set(reasons) == {"drift"}
+            and record.desired_hash == desired
+            and record.rollout_phase is None
+            and bool(record.drift)
+            and all(item.get("kind") in REPAIRABLE_KINDS for item in record.drift)
         )
 
     def _drift_seen(self, record: HostRecord, drift: Sequence[Mapping[str, Any]]) -> None:
@@ -555,6 +591,33 @@ class Reconciler:
         self.store.save(record, events)
         self.hook("host", record)
 
+    def _refused_settings(self, hosts: list[str], desired: dict[str, str]) -> dict[str, str]:
+        """Hosts whose inventory settings a stage would refuse, and why.
+
+        Checked on the controller before the probe, and again only when a host's
+        desired state changed; a host refused is neither probed nor changed."""
+        unchecked = [h for h in hosts if self._settings_checked.get(h) != desired[h]]
+        if not unchecked:
+            return {}
+        refused = self.engine.check_settings(unchecked)
+        for host in unchecked:
+            if host not in refused:
+                self._settings_checked[host] = desired[host]
+        return refused
+
+    def _refuse(self, record: HostRecord, report: CycleReport, reason: str) -> None:
+        """The inventory is wrong, not the node: no backoff, no quarantine; said once."""
+        events = []
+        if (record.status, record.reason) != ("refused", reason):
+            events.append(HistoryEntry(self.clock(), record.name, "failure", "settings", reason))
+            log.warning("%s: settings refused, the node is left alone: %s", record.name, reason)
+        record.status, record.failed_stage, record.reason = "refused", "settings", reason
+        report.outcomes[record.name] = HostOutcome(
+            record.name, "failed", message=f"settings refused, node left alone: {reason}"
+        )
+        self.store.save(record, events)
+        self.hook("host", record)
+
     def _failed(
         self,
         record: HostRecord,
@@ -582,7 +645,8 @@ class Reconciler:
                     record.name,
                     "quarantine",
                     stage,
-                    f"after {record.consecutive_failures} consecutive failures",
+                    f"after {record.consecutive_failures} consecutive failures, the last: "
+                    f"{reason}; once it is fixed: python -m runner release {record.name}",
                 )
             )
             self.hook("quarantine", record.name)
@@ -767,6 +831,20 @@ def _status_from(run: HostRun, record: HostRecord) -> str:
     if run.failed_stage:
         return "failed"
     return "converged" if run.stages or record.stages else record.status
+
+
+def _why_not_repaired(record: HostRecord) -> str:
+    """For a failed plan of a drifted host: why no apply was tried without one."""
+    others = [
+        _drift_summary(item) for item in record.drift if item.get("kind") not in REPAIRABLE_KINDS
+    ]
+    if not others:
+        return ""
+    return (
+        "; not applied without a plan, since repairing "
+        + ", ".join(others)
+        + f" may disrupt the node: repair that by hand or run site.yml --limit {record.name}"
+    )
 
 
 def _settled_status(record: HostRecord) -> str:

@@ -88,8 +88,8 @@ class HostRecord:
     """What the runner knows about one host."""
 
     name: str
-    # converged | drifted | failed | unreachable | reboot-required | not-a-gpu-node
-    # | pending (never reconciled) | excluded
+    # converged | drifted | failed | refused (its inventory settings) | unreachable
+    # | reboot-required | not-a-gpu-node | pending (never reconciled) | excluded
     status: str = "unknown"
     # Hash of the desired state (inventory variables + project files) that the last
     # successful apply reached; None until one has.

@@ -9,6 +9,7 @@ node behind it. What a user would notice is asserted: exit codes, what `status` 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -117,6 +118,86 @@ def test_steady_state_only_probes_and_skips_the_host_backing_off(fleet: Fleet):
     assert result.returncode == 1, "the fleet still has an unreachable host"
 
 
+# Wrong values a new user tried, of early and late stages alike (issue 18): each stops
+# site.yml in its first play, before any node is touched, naming host and variable.
+WRONG_SETTINGS = [
+    {"toolkit_version": "1.17.8-1; reboot"},
+    {"toolkit_repo_channel": "nightly"},
+    {"runtime_config_runtimes": ["podman"]},
+    {"driver_reboot_timeout": -5},
+    {"driver_cuda_repo_base_url": "not a url; rm -rf /"},
+    {"driver_debian_mirror": "ftp://mirror example/debian"},
+    {"k8s_manifests_namespace": "GPU Fleet"},
+    {"k8s_manifests_image_pull_policy": "Sometimes"},
+    {"k8s_manifests_tolerations": [{"key": "nvidia.com/gpu", "effect": "Sometimes"}]},
+    {"device_plugin_mode": "host"},
+    {"exporter_port": 70000},
+    {"mig_config": "all-balanced; reboot"},
+]
+
+
+def _node_snapshot(fleet: Fleet, node: str) -> str:
+    """Every file under the paths the stages write, with size and mtime, and the units."""
+    listing = fleet.on_node(
+        node,
+        "sh",
+        "-c",
+        "find /etc /usr /opt /var/lib/dpkg /var/lib/gpufleet /run/nvidia -xdev "
+        "-printf '%p %s %T@\\n' 2>/dev/null | sort | sha256sum; "
+        "systemctl list-units --no-legend --plain --state=active | sha256sum",
+    )
+    assert listing.returncode == 0, listing.stderr
+    return listing.stdout
+
+
+def test_wrong_settings_are_refused_before_any_node_is_touched(fleet: Fleet):
+    before = _node_snapshot(fleet, "e2e-t4")
+    for wrong in WRONG_SETTINGS:
+        (name,) = wrong
+        run = subprocess.run(
+            [
+                str(Path(sys.executable).parent / "ansible-playbook"),
+                "-i",
+                str(fleet.inventory),
+                "--limit",
+                "e2e-t4",
+                "-e",
+                json.dumps(wrong),
+                "site.yml",
+            ],
+            capture_output=True,
+            text=True,
+            cwd=PROJECT,
+            env={**os.environ, "ANSIBLE_CONFIG": str(PROJECT / "ansible.cfg")},
+            check=False,
+        )
+        out = run.stdout + run.stderr
+        assert run.returncode != 0, wrong
+        assert "Settings of e2e-t4 refused before any change" in out, out
+        assert name in out, out
+        assert "Discover the node's GPUs" not in out, "a play after the check ran"
+        assert "Traceback" not in out
+    assert _node_snapshot(fleet, "e2e-t4") == before
+
+    # The reconciler leaves a host with a wrong setting alone (no probe, no change, no
+    # backoff) and goes on with the others; fixed, the host is back as it was.
+    host_vars = fleet.inventory / "host_vars"
+    host_vars.mkdir(exist_ok=True)
+    (host_vars / "e2e-t4.yml").write_text('toolkit_version: "latest"\n')
+    result = fleet.reconcile("--once")
+    assert result.returncode == 1
+    assert "e2e-t4: failed; settings refused, node left alone: " in result.stdout, result.stdout
+    assert "toolkit_version: expected a toolkit version" in result.stdout
+    assert "e2e-cpu: probed" in result.stdout
+    status = fleet.status()["e2e-t4"]
+    assert (status["status"], status["consecutive_failures"]) == ("refused", 0)
+    (host_vars / "e2e-t4.yml").unlink()
+    result = fleet.reconcile("--once")
+    assert "e2e-t4: probed" in result.stdout, result.stdout
+    assert fleet.status()["e2e-t4"]["status"] == "converged"
+    assert _node_snapshot(fleet, "e2e-t4") == before
+
+
 def test_injected_drift_is_repaired_on_that_node_only(fleet: Fleet):
     cpu_before = fleet.history("e2e-cpu")
     stopped = fleet.on_node("e2e-t4", "systemctl", "stop", "dcgm-exporter.service")
@@ -130,6 +211,31 @@ def test_injected_drift_is_repaired_on_that_node_only(fleet: Fleet):
     assert ("drift", "exporter") in kinds
     assert kinds[-1] == ("corrective", "exporter")
     assert fleet.history("e2e-cpu") == cpu_before, "the healthy node was not touched"
+    assert fleet.status()["e2e-t4"]["status"] == "converged"
+
+
+def test_a_sources_file_mangled_by_hand_is_repaired_though_the_plan_breaks_on_it(fleet: Fleet):
+    """apt cannot read its lists with a malformed sources file, so the check-mode plan
+    of the drifted driver fails on that very drift; the repair must not wait for it."""
+    find = fleet.on_node(
+        "e2e-t4",
+        "python3",
+        "-c",
+        "import json; r = json.load(open('/var/lib/gpufleet/applied.json'));"
+        "print(next(f for f in sorted(r['components']['driver']['files'])"
+        " if f.endswith('.sources')))",
+    )
+    assert find.returncode == 0, find.stderr
+    sources = find.stdout.strip()
+    before = fleet.on_node("e2e-t4", "cat", sources).stdout
+    fleet.on_node(
+        "e2e-t4", "sh", "-c", f"echo 'Types: deb\nURIs: ftp://mirror example' > {sources}"
+    )
+    assert fleet.on_node("e2e-t4", "apt-get", "update").returncode != 0, "apt is broken"
+    result = fleet.reconcile("--once")
+    assert "e2e-t4: applied; because drift; repaired driver" in result.stdout, result.stdout
+    assert "repaired without a plan" in result.stdout
+    assert fleet.on_node("e2e-t4", "cat", sources).stdout == before
     assert fleet.status()["e2e-t4"]["status"] == "converged"
 
 

@@ -135,6 +135,16 @@ def test_unparsable_inventory_is_an_error_in_words(capsys, state, tmp_path):
     assert "Traceback" not in err
 
 
+def test_a_limit_that_matches_no_host_is_an_error_naming_it(capsys, state, tmp_path):
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text("all:\n  hosts:\n    gpu-1:\n")
+    code, _, err = run(
+        capsys, "plan", "--limit", "no-such-host", "-i", str(inventory), "--state-dir", str(state)
+    )
+    assert code == cli.Exit.USAGE
+    assert f"--limit 'no-such-host' matches no host of inventory {inventory}" in err
+
+
 def test_a_second_reconciler_on_the_same_inventory_is_refused(capsys, state):
     directory = state_dir_for(state, EMPTY_INVENTORY)
     directory.mkdir(parents=True)

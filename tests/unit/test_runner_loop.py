@@ -35,6 +35,8 @@ class Node:
     broken_stage: str | None = None
     # The driver waits for a reboot (nouveau holds the GPUs, driver_reboot_policy never).
     needs_reboot: bool = False
+    # A check-mode run fails on this node with this message (e.g. on its broken sources).
+    plan_failure: str = ""
 
 
 @dataclass
@@ -85,6 +87,7 @@ class FakeEngine:
         self.nodes = nodes
         self.project = project
         self.calls: list[tuple[str, tuple[str, ...]]] = []
+        self.settings_checks: list[tuple[str, ...]] = []
         self.on_apply: Any = None
         self.cluster = FakeCluster()
         # Runs that included the cluster side: (plan | apply | probe, hosts).
@@ -99,6 +102,15 @@ class FakeEngine:
 
     def desired_hashes(self, hostvars: Any) -> dict[str, str]:
         return {h: f"{self.project}:{sorted(v.items())}" for h, v in hostvars.items()}
+
+    def check_settings(self, hosts: Sequence[str]) -> dict[str, str]:
+        """A variable named `bad` stands for any setting a stage would refuse."""
+        self.settings_checks.append(tuple(hosts))
+        return {
+            h: f"bad: expected good, got {self.nodes[h].variables['bad']!r}."
+            for h in hosts
+            if "bad" in self.nodes[h].variables
+        }
 
     def probe(self, hosts: Sequence[str], cluster: bool = False) -> dict[str, ProbeResult]:
         self.calls.append(("probe", tuple(hosts)))
@@ -144,6 +156,9 @@ class FakeEngine:
     def converge(self, hosts: Sequence[str], check: bool, cluster: bool = False) -> RunResult:
         self.calls.append(("plan" if check else "apply", tuple(hosts)))
         result = RunResult({h: self._run(h) for h in hosts})
+        for h in hosts:
+            if check and self.nodes[h].plan_failure:
+                result.hosts[h] = HostRun(h, failures=[self.nodes[h].plan_failure])
         if cluster:
             self.cluster_runs.append(("plan" if check else "apply", tuple(hosts)))
             result.cluster = self._cluster_run(hosts, check)
@@ -291,6 +306,82 @@ def test_steady_state_only_probes(store: StateStore) -> None:
     report = reconciler.cycle()
     assert engine.calls == [("probe", ("a", "b", "c"))]
     assert report.hosts_with("probed") == ["a", "b", "c"]
+
+
+def test_a_host_whose_settings_are_refused_is_left_alone_until_they_are_fixed(
+    store: StateStore,
+) -> None:
+    reconciler, engine, _ = converged(store, "a", "b")
+    assert engine.settings_checks == [("a", "b")]
+    engine.nodes["b"].variables = {"bad": "x"}
+    engine.nodes["b"].pending = {"toolkit": False}
+    for _ in range(3):
+        report = reconciler.cycle()
+        assert engine.calls[-1] == ("probe", ("a",)), "b is neither probed nor changed"
+        assert "bad: expected good, got 'x'" in report.outcomes["b"].message
+    record = store.host("b")
+    assert (record.status, record.failed_stage, record.quarantined) == (
+        "refused",
+        "settings",
+        False,
+    )
+    assert record.next_attempt is None or record.next_attempt <= reconciler.clock()
+    assert [e.kind for e in store.history("b")].count("failure") == 1, "said once"
+    # a's settings, unchanged, are not checked again; b's are, every cycle, until fixed.
+    assert engine.settings_checks[1:] == [("b",)] * 3
+    engine.nodes["b"].variables = {"driver_version": "535.261.03"}
+    report = reconciler.cycle()
+    assert report.outcomes["b"].intentional == ["toolkit"]
+    assert store.host("b").status == "converged"
+
+
+APT_BROKEN = "driver: Update the package lists: E: Malformed entry 1 in list file"
+
+
+def test_a_plan_that_fails_on_drifted_files_does_not_keep_them_from_repair(
+    store: StateStore,
+) -> None:
+    """A sources file mangled by hand breaks the check-mode plan itself: the host is
+    still repaired, since putting back recorded files and services needs no plan."""
+    reconciler, engine, _ = converged(store, "a", "b")
+    engine.nodes["a"].drift = drift("driver")
+    engine.nodes["a"].pending = {"driver": False}
+    engine.nodes["a"].plan_failure = APT_BROKEN
+    report = reconciler.cycle()
+    assert engine.calls == [("probe", ("a", "b")), ("plan", ("a",)), ("apply", ("a",))]
+    assert "repaired without a plan" in report.outcomes["a"].message
+    assert APT_BROKEN in report.outcomes["a"].message
+    assert report.outcomes["a"].corrective == ["driver"]
+    assert store.host("a").status == "converged"
+
+
+def test_a_failed_plan_of_drift_that_could_disrupt_says_why_nothing_was_applied(
+    store: StateStore,
+) -> None:
+    reconciler, engine, clock = converged(store, "a")
+    engine.nodes["a"].drift = [
+        *drift("driver"),
+        {
+            "component": "driver",
+            "kind": "package",
+            "name": "nvidia-kernel-dkms",
+            "recorded": {"version": "535.261.03-1", "held": True},
+            "current": {"version": "535.309.01-1", "held": True},
+        },
+    ]
+    engine.nodes["a"].plan_failure = APT_BROKEN
+    for _ in range(5):
+        clock.sleep(4000)
+        report = reconciler.cycle()
+        assert "apply" not in [call for call, _ in engine.calls]
+    message = report.outcomes["a"].message
+    assert "not applied without a plan, since repairing package nvidia-kernel-dkms" in message
+    assert "run site.yml --limit a" in message
+    record = store.host("a")
+    assert record.quarantined
+    (quarantine,) = [e for e in store.history("a") if e.kind == "quarantine"]
+    assert APT_BROKEN in quarantine.summary
+    assert quarantine.summary.endswith("once it is fixed: python -m runner release a")
 
 
 def test_drift_is_planned_repaired_on_that_host_only_and_called_corrective(

@@ -8,8 +8,6 @@ k8s_drift.yml next to this file.
 
 from __future__ import annotations
 
-import re
-
 import yaml
 from ansible.errors import AnsibleFilterError
 
@@ -28,7 +26,6 @@ _MODE_COMPONENTS = (
     ("device-plugin", "device_plugin_stage"),
     ("dcgm-exporter", "exporter_stage"),
 )
-_DURATION = re.compile(r"^([0-9]+(ms|s|m|h))+$")
 
 
 def _deploy_value(outcome):
@@ -132,7 +129,7 @@ def _check_settings(settings):
         raise k8s.K8sInputError(
             f"k8s_manifests_exporter_port: {port!r} is not a port (expected 1-65535)"
         )
-    if not _DURATION.match(str(settings["exporter_scrape_interval"])):
+    if not k8s.DURATION.match(str(settings["exporter_scrape_interval"])):
         raise k8s.K8sInputError(
             "k8s_manifests_exporter_scrape_interval: "
             f"{settings['exporter_scrape_interval']!r} is not a duration (expected e.g. 30s, 1m)"

@@ -41,12 +41,14 @@ POD_RESOURCES_DIR = "/var/lib/kubelet/pod-resources"
 MPS_ROOT = "/run/nvidia/mps"
 GPU_RESOURCE = "nvidia.com/gpu"
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
-_LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
-_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+# A Prometheus duration as ServiceMonitor intervals take it.
+DURATION = re.compile(r"^([0-9]+(ms|s|m|h))+$")
 # registry[:port]/path[:tag][@digest], no whitespace; the same shape kubelet accepts.
-_IMAGE = re.compile(
+IMAGE = re.compile(
     r"^[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-]{1,2}[a-z0-9]+)*)*"
     r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[a-f0-9]{64})?$"
 )
@@ -61,14 +63,14 @@ class K8sInputError(ValueError):
 
 def check_label(key, value, where):
     prefix, slash, name = key.rpartition("/")
-    if slash and not _DNS_SUBDOMAIN.match(prefix):
+    if slash and not DNS_SUBDOMAIN.match(prefix):
         raise K8sInputError(f"{where}: label key {key!r} has an invalid prefix {prefix!r}")
-    if not _LABEL_NAME.match(name):
+    if not LABEL_NAME.match(name):
         raise K8sInputError(
             f"{where}: label key {key!r} is not a valid label name "
             "(at most 63 characters: letters, digits, '-', '_', '.', alphanumeric at both ends)"
         )
-    if not isinstance(value, str) or not _LABEL_VALUE.match(value):
+    if not isinstance(value, str) or not LABEL_VALUE.match(value):
         raise K8sInputError(
             f"{where}: label {key}={value!r} has a value Kubernetes rejects "
             "(expected a string of at most 63 characters: letters, digits, '-', '_', '.', "
@@ -83,7 +85,7 @@ def _require(pattern, value, where, what):
 
 def check_image(reference, where):
     _require(
-        _IMAGE,
+        IMAGE,
         reference,
         where,
         "an image reference (expected registry/path/name:tag or ...@sha256:<digest>, no spaces)",
@@ -92,7 +94,7 @@ def check_image(reference, where):
 
 def check_dns_label(name, where):
     _require(
-        _DNS_LABEL,
+        DNS_LABEL,
         name,
         where,
         "a valid name (expected a DNS label: at most 63 lower-case letters, digits and '-', "
@@ -102,7 +104,7 @@ def check_dns_label(name, where):
 
 def check_node_name(name, where):
     _require(
-        _DNS_SUBDOMAIN,
+        DNS_SUBDOMAIN,
         name,
         where,
         "a valid Kubernetes node name (expected lower-case letters, digits, '-' and '.')",

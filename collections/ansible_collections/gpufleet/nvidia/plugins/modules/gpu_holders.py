@@ -11,7 +11,7 @@ short_description: Find the processes that hold a node's NVIDIA GPUs
 version_added: 0.3.0
 description:
   - Lists every process that has an NVIDIA GPU device file (C(/dev/nvidia0),
-    C(/dev/nvidia1), ...) open, as the kernel counts the driver's users: while any such
+    C(/dev/nvidia1), ...) open, as the kernel counts the driver's users; while any such
     process runs, the GPU cannot be reset (a MIG mode change) nor the driver unloaded.
   - For each process it reports the command line and the systemd unit it runs in, so a
     known GPU service can be told from a job or a program run by hand.

@@ -1,0 +1,87 @@
+# Copyright: gpufleet developers
+# Apache License 2.0 (see the repository's LICENSE)
+"""Action settings_check: every role's settings of a host, checked on the controller."""
+
+from __future__ import annotations
+
+import os
+
+from ansible import constants as C
+from ansible.errors import AnsibleError
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+from ansible.plugins.action import ActionBase
+
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.settings import problems
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    _supports_check_mode = True
+    _requires_connection = False
+
+    def run(self, tmp=None, task_vars=None):
+        task_vars = task_vars or {}
+        result = super().run(tmp, task_vars)
+        _, args = self.validate_argument_spec(
+            argument_spec={"roles": {"type": "list", "elements": "str", "required": True}}
+        )
+        found, checked = [], []
+        for role in args["roles"]:
+            role_dir = self._role_dir(role, task_vars)
+            spec = self._load(role_dir, "meta/argument_specs.yml")
+            options = ((spec.get("argument_specs") or {}).get("main") or {}).get("options") or {}
+            values = self._values(options, self._load(role_dir, "defaults/main.yml"), task_vars)
+            well_typed = {}
+            for name, value in values.items():
+                # One option at a time, so that a value of the wrong type is named once
+                # and not checked for its form.
+                validated = ArgumentSpecValidator({name: options[name]}).validate(
+                    {name: value}, validate_role_argument_spec=True
+                )
+                found.extend(validated.error_messages)
+                if not validated.error_messages:
+                    well_typed[name] = validated.validated_parameters[name]
+            found.extend(problems(well_typed))
+            checked.append(os.path.basename(role_dir))
+        result.update(changed=False, roles=checked, problems=found)
+        if found:
+            host = task_vars.get("inventory_hostname", "this host")
+            result["failed"] = True
+            result["msg"] = (
+                f"Settings of {host} refused before any change ({len(found)}): " + " ".join(found)
+            )
+        else:
+            result["msg"] = f"The settings of {', '.join(checked)} are well-formed."
+        return result
+
+    def _role_dir(self, role, task_vars):
+        if "/" in role:
+            candidates = [role]
+        else:
+            playbook_dir = task_vars.get("playbook_dir", ".")
+            bases = [
+                os.path.join(playbook_dir, "roles"),
+                os.path.join(playbook_dir, "..", "roles"),
+                *C.DEFAULT_ROLES_PATH,
+            ]
+            candidates = [os.path.join(base, role) for base in bases]
+        for candidate in candidates:
+            if os.path.isfile(os.path.join(candidate, "meta", "argument_specs.yml")):
+                return os.path.normpath(candidate)
+        raise AnsibleError(
+            f"settings_check: no role {role!r} with a meta/argument_specs.yml in "
+            + ", ".join(candidates)
+        )
+
+    def _load(self, role_dir, name):
+        path = os.path.join(role_dir, name)
+        if not os.path.isfile(path):
+            return {}
+        # The role's own files, as trusted as Ansible holds them when it runs the role.
+        return self._loader.load_from_file(path, trusted_as_template=True) or {}
+
+    def _values(self, options, defaults, task_vars):
+        """The host's value of every option: its own, else the role's default, templated."""
+        variables = {**defaults, **task_vars}
+        templar = self._templar.copy_with_new_env(available_variables=variables)
+        return {name: templar.template(variables[name]) for name in options if name in variables}

@@ -1,0 +1,340 @@
+# Copyright: gpufleet developers
+# Apache License 2.0 (see the repository's LICENSE)
+"""The forms of the roles' settings that argument specs cannot say.
+
+A role's ``meta/argument_specs.yml`` keeps what a spec can express: types, choices,
+element types. What it cannot (ranges, URL schemes, absolute paths, package version
+shapes, names Kubernetes accepts, settings that depend on each other) is here, in one
+table, so that the settings check before any stage (action ``settings_check``) and
+each role on its own refuse the same values with the same words.
+
+``problems(values)`` takes the settings of one host (spec defaults filled in) and
+returns one sentence per bad setting, each naming the variable, the form expected and
+the value found.
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import urlsplit
+
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.driver_plan import (
+    BRANCH_RE,
+    VERSION_RE,
+)
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_objects import (
+    DNS_LABEL,
+    DNS_SUBDOMAIN,
+    DURATION,
+    IMAGE,
+    LABEL_VALUE,
+    K8sInputError,
+    check_label,
+    plugin_config,
+)
+
+_REGISTRY = re.compile(r"^[A-Za-z0-9.-]+(:[0-9]+)?(/[a-z0-9]+([._-]+[a-z0-9]+)*)*$")
+# Debian's package names and versions (deb-version: [epoch:]upstream[-revision]).
+_PACKAGE = re.compile(r"^[a-z0-9][a-z0-9+.-]+$")
+_DEB_VERSION = re.compile(r"^([0-9]+:)?[0-9][A-Za-z0-9.+~]*(-[A-Za-z0-9.+~]+)?$")
+_TOOLKIT_VERSION = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+(~rc\.[0-9]+)?(-[0-9]+)?$")
+# A systemd unit name (the .service suffix may be left out).
+_UNIT = re.compile(r"^[A-Za-z0-9:_.@-]+$")
+_RUNTIME_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+_CHECKSUM = re.compile(r"^(sha256:[0-9a-f]{64}|sha512:[0-9a-f]{128})$")
+_MIG_CONFIG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_HOST_PORT = re.compile(r"^[^\s:/]+:[0-9]{1,5}$")
+
+RUNTIMES = ("containerd", "docker", "crio")
+TOLERATION_KEYS = ("key", "operator", "value", "effect", "tolerationSeconds")
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+
+
+def _url(value, schemes=("http", "https", "file")):
+    if not isinstance(value, str) or re.search(r"[\s\"'`;$\\<>|]", value):
+        return False
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 - raises on a port that is not a number
+    except ValueError:
+        return False
+    if parts.scheme not in schemes:
+        return False
+    if parts.scheme == "file":
+        return parts.path.startswith("/")
+    return bool(parts.hostname)
+
+
+def _absolute(value, suffixes=()):
+    return (
+        isinstance(value, str)
+        and value.startswith("/")
+        and not re.search(r"[\s\"'`;$\\]", value)
+        and (not suffixes or value.endswith(suffixes))
+    )
+
+
+def _optional(check):
+    return lambda value: value in ("", None) or check(value)
+
+
+def _int_range(low, high):
+    return lambda value: (
+        isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+    )
+
+
+def _match(pattern, max_length=None):
+    return lambda value: (
+        isinstance(value, str)
+        and bool(pattern.match(value))
+        and (max_length is None or len(value) <= max_length)
+    )
+
+
+def _each(check):
+    return lambda values: all(check(value) for value in values)
+
+
+_URL = (_url, "an http(s):// or file:/// URL with a host and no spaces or shell characters")
+_PATH = (_absolute, "an absolute path without spaces, quotes or shell characters")
+_OPTIONAL_PATH = (_optional(_absolute), "an absolute path, or empty")
+_PORT = (_int_range(1, 65535), "a TCP port, 1-65535")
+_UNIT_NAMES = (_each(_match(_UNIT)), "systemd unit names")
+# The value of an apt_preferences(5) "Pin:" line.
+_SELECTOR = (
+    _optional(
+        _match(
+            re.compile(
+                r"^(release [A-Za-z]=[^\s,\"']+(,\s*[A-Za-z]=[^\s,\"']+)*"
+                r"|origin \"?[A-Za-z0-9.-]*\"?|version [A-Za-z0-9.+~:*-]+)$"
+            )
+        )
+    ),
+    'an apt_preferences "Pin:" value such as "origin developer.download.nvidia.com" or '
+    '"release l=CUDA" (or empty)',
+)
+_OPTIONAL_PACKAGE_VERSION = (
+    _optional(_match(_DEB_VERSION)),
+    'a Debian package version such as "3.3.9" or "1:3.3.9-1" (or empty: the newest)',
+)
+_SUBDOMAIN = (_match(DNS_SUBDOMAIN, 253), "a Kubernetes object name (lower-case a-z, 0-9, - and .)")
+_DNS_NAME = (_match(DNS_LABEL), "a Kubernetes name (a DNS label: a-z, 0-9 and -, at most 63)")
+_TIMEOUT = (_int_range(1, 86400), "a whole number of seconds from 1 to 86400")
+
+# variable -> (check, expected form). A variable missing from a host's settings (its
+# role not being checked) is not looked at.
+RULES = {
+    "driver_branch": (_match(BRANCH_RE), 'a three-digit driver branch such as "535"'),
+    "driver_version": (
+        _optional(_match(VERSION_RE)),
+        'an NVIDIA driver version such as "535.261.03" (or empty: the newest of the branch)',
+    ),
+    "driver_cuda_repo_base_url": _URL,
+    "driver_cuda_repo_apt_selector": _SELECTOR,
+    "driver_debian_mirror": _URL,
+    "driver_debian_security_mirror": _URL,
+    "driver_kernel_headers_packages": (_each(_match(_PACKAGE)), "Debian package names"),
+    "driver_reboot_timeout": _TIMEOUT,
+    "driver_reboot_boot_time_command": (
+        lambda value: isinstance(value, str) and value.strip() != "",
+        "a shell command that prints the boot time",
+    ),
+    "driver_gpu_consumers": _UNIT_NAMES,
+    "driver_sysfs_root": _PATH,
+    "driver_validations_dir": _PATH,
+    "mig_config": (_optional(_match(_MIG_CONFIG)), "a layout name of the MIG file (or empty)"),
+    "mig_config_file": _OPTIONAL_PATH,
+    "mig_manager_package": (_match(_PACKAGE), "a Debian package name"),
+    "mig_manager_version": _OPTIONAL_PACKAGE_VERSION,
+    "mig_repo_base_url": _URL,
+    "mig_repo_apt_selector": _SELECTOR,
+    "mig_gpu_consumers": _UNIT_NAMES,
+    "toolkit_version": (
+        _optional(_match(_TOOLKIT_VERSION)),
+        'a toolkit version such as "1.17.8" or "1.17.8-1" (or empty: the newest)',
+    ),
+    "toolkit_repo_base_url": _URL,
+    "toolkit_cdi_spec_path": (
+        lambda value: _absolute(value, (".yaml", ".json")),
+        "an absolute path ending in .yaml or .json",
+    ),
+    "runtime_config_runtime_name": (
+        _match(_RUNTIME_NAME, 63),
+        "letters, digits, - or _ (it becomes a TOML key and a RuntimeClass handler)",
+    ),
+    "runtime_config_runtime_path": _PATH,
+    "runtime_config_config_paths": (
+        lambda value: set(value) <= set(RUNTIMES) and _each(_absolute)(value.values()),
+        f"keys among {', '.join(RUNTIMES)} and absolute paths as values",
+    ),
+    "runtime_config_services": (
+        lambda value: set(value) <= set(RUNTIMES) and _each(_match(_UNIT))(value.values()),
+        f"keys among {', '.join(RUNTIMES)} and systemd unit names as values",
+    ),
+    "runtime_config_containerd_drop_in_path": (
+        _optional(lambda value: _absolute(value, (".toml",))),
+        "an absolute path ending in .toml (or empty)",
+    ),
+    "runtime_config_containerd_template_base": _OPTIONAL_PATH,
+    "validator_validations_dir": _PATH,
+    "validator_runtime_path": _PATH,
+    "validator_cuda_sample": (
+        _optional(lambda value: _absolute(value) or IMAGE.match(value) is not None),
+        "the absolute path of a CUDA sample on the node, an image reference, or empty",
+    ),
+    "device_plugin_kubelet_dir": _PATH,
+    "device_plugin_validations_dir": _PATH,
+    "device_plugin_host_config_dir": _PATH,
+    "device_plugin_host_binary_url": (_optional(_url), _URL[1] + " (or empty)"),
+    "device_plugin_host_binary_checksum": (
+        _optional(_match(_CHECKSUM)),
+        "sha256:<64 hex digits> or sha512:<128 hex digits> (or empty)",
+    ),
+    "exporter_repo_base_url": _URL,
+    "exporter_repo_apt_selector": _SELECTOR,
+    "exporter_dcgm_package": (_match(_PACKAGE), "a Debian package name"),
+    "exporter_package": (_match(_PACKAGE), "a Debian package name"),
+    "exporter_version": _OPTIONAL_PACKAGE_VERSION,
+    "exporter_listen_address": (
+        _optional(_match(re.compile(r"^[0-9A-Za-z.:\[\]-]+$"))),
+        "an IP address or host name to listen on (or empty: every address)",
+    ),
+    "exporter_port": _PORT,
+    "exporter_hostengine_address": (_match(_HOST_PORT), "host:port of DCGM's host engine"),
+    "k8s_manifests_render_dir": _OPTIONAL_PATH,
+    "k8s_manifests_kubeconfig": (
+        _optional(lambda value: _absolute(value) or (_absolute(value[1:]) and value[0] == "~")),
+        "the absolute path of a kubeconfig file, or empty",
+    ),
+    "k8s_manifests_namespace": (
+        _match(DNS_LABEL, 63),
+        "a Kubernetes namespace name (a DNS label: a-z, 0-9 and -, at most 63)",
+    ),
+    "k8s_manifests_field_manager": (
+        lambda value: bool(value) and _match(LABEL_VALUE)(value),
+        "a name that is also a label value (it marks our objects as managed by it): at most 63 "
+        "letters, digits, -, _ or .",
+    ),
+    "k8s_manifests_wait_timeout": _TIMEOUT,
+    "k8s_manifests_node_names": (
+        lambda value: _each(_match(DNS_SUBDOMAIN, 253))(value.values()),
+        "inventory host names mapped to Kubernetes node names",
+    ),
+    "k8s_manifests_device_plugin_configmap": _DNS_NAME,
+    "k8s_manifests_exporter_port": _PORT,
+    "k8s_manifests_exporter_scrape_interval": (
+        _match(DURATION),
+        'a Prometheus duration such as "30s" or "1m30s"',
+    ),
+    "k8s_manifests_runtime_class_name": _DNS_NAME,
+    "k8s_manifests_runtime_class_handler": (
+        _match(DNS_LABEL, 63),
+        "a RuntimeClass handler (a DNS label: a-z, 0-9 and -, at most 63)",
+    ),
+    "k8s_manifests_daemonset_runtime_class": (
+        _optional(_DNS_NAME[0]),
+        _DNS_NAME[1] + " (or empty)",
+    ),
+    "k8s_manifests_priority_class_name": (
+        _optional(_match(DNS_SUBDOMAIN, 253)),
+        _SUBDOMAIN[1] + " (or empty)",
+    ),
+    "k8s_manifests_registry": (_match(_REGISTRY), "a registry and path such as nvcr.io/nvidia"),
+    "k8s_manifests_device_plugin_image": (
+        _match(IMAGE),
+        "an image reference such as registry/path:tag",
+    ),
+    "k8s_manifests_dcgm_exporter_image": (
+        _match(IMAGE),
+        "an image reference such as registry/path:tag",
+    ),
+    "k8s_manifests_image_pull_secrets": (_each(_DNS_NAME[0]), "Secret names (DNS labels)"),
+}
+
+# Settings with no form to check beyond their type: any value of it is taken as is.
+FREE_FORM = {
+    "device_plugin_replicas": "checked with device_plugin_sharing below",
+    "exporter_collectors": "the collectors CSV's content, read by dcgm-exporter",
+    "k8s_manifests_exporter_collectors": "the same CSV, for the exporter DaemonSet",
+    "k8s_manifests_context": "a kubeconfig context, whatever the kubeconfig names it",
+    "k8s_manifests_hosts": "inventory host names, which Ansible has checked",
+    "k8s_manifests_tolerations": "checked field by field below",
+}
+
+
+def _toleration_problem(toleration):
+    """What is wrong with one toleration of a Pod spec, or ''."""
+    unknown = sorted(set(toleration) - set(TOLERATION_KEYS))
+    if unknown:
+        return f"unknown field {', '.join(unknown)} (fields: {', '.join(TOLERATION_KEYS)})"
+    operator = toleration.get("operator", "Equal")
+    if operator not in ("Exists", "Equal"):
+        return f"operator must be Exists or Equal, got {operator!r}"
+    key, value = toleration.get("key", ""), toleration.get("value", "")
+    if not key and operator != "Exists":
+        return "an empty key goes with operator Exists only"
+    if operator == "Exists" and value:
+        return "operator Exists takes no value"
+    if key:
+        try:
+            check_label(str(key), str(value), "key and value")
+        except K8sInputError as exc:
+            return str(exc)
+    effect = toleration.get("effect", "")
+    if effect and effect not in TAINT_EFFECTS:
+        return f"effect must be one of {', '.join(TAINT_EFFECTS)} or empty, got {effect!r}"
+    seconds = toleration.get("tolerationSeconds")
+    if seconds is not None and (effect != "NoExecute" or not isinstance(seconds, int)):
+        return "tolerationSeconds is a whole number, and goes with effect NoExecute only"
+    return ""
+
+
+def _dependent_problems(values):
+    """Settings that are only wrong together."""
+    found = []
+    if values.get("device_plugin_mode") == "host":
+        if not values.get("device_plugin_host_binary_url"):
+            found.append(
+                "device_plugin_host_binary_url: device_plugin_mode is host, so it must be the "
+                "http(s) or file URL of the nvidia-device-plugin binary; it is empty."
+            )
+        if not values.get("device_plugin_host_binary_checksum"):
+            found.append(
+                "device_plugin_host_binary_checksum: device_plugin_mode is host, so the binary "
+                "must be pinned by its checksum (sha256:<64 hex digits>); it is empty."
+            )
+    if "device_plugin_sharing" in values:
+        try:
+            plugin_config(
+                values["device_plugin_sharing"],
+                values.get("device_plugin_replicas", 1),
+                values.get("device_plugin_mig_strategy", "none"),
+                where="device plugin",
+            )
+        except K8sInputError as exc:
+            found.append(str(exc).replace("device plugin: ", "", 1) + ".")
+    for index, toleration in enumerate(values.get("k8s_manifests_tolerations") or []):
+        problem = (
+            _toleration_problem(toleration) if isinstance(toleration, dict) else "not a mapping"
+        )
+        if problem:
+            found.append(f"k8s_manifests_tolerations[{index}]: {problem}.")
+    return found
+
+
+def problems(values):
+    """One sentence per setting in `values` that has the wrong form."""
+    found = []
+    for name, value in values.items():
+        rule = RULES.get(name)
+        if rule is None:
+            continue
+        check, expected = rule
+        try:
+            good = check(value)
+        except (AttributeError, TypeError, ValueError):
+            good = False
+        if not good:
+            found.append(f"{name}: expected {expected}, got {value!r}.")
+    return found + _dependent_problems(values)
