@@ -346,3 +346,17 @@ def test_mig_mode_waits_for_a_gpu_reset_while_the_gpu_is_held(gpu_node):
     (node.RUN / "nvml" / "library-version").write_text(DRIVER.version + "\n")
     assert gpu_node.run(*query).stdout.splitlines() == ["Enabled, Enabled"] * 2
     assert "MIG" not in gpu_node.run("-L").stdout.replace("MIG M.", "")
+
+
+def test_utilization_of_a_gpu_in_mig_mode_is_not_available(gpu_node):
+    """nvml.h: utilization rates cannot be queried on a MIG-enabled GPU; nvidia-smi
+    (and DCGM, and so dcgm-exporter) report none for it, only for the others."""
+    gpu_node("a100-mig")
+    out = gpu_node.run(
+        "--query-gpu=index,mig.mode.current,utilization.gpu,memory.total",
+        "--format=csv,noheader,nounits",
+    ).stdout
+    rows = [[cell.strip() for cell in line.split(",")] for line in out.splitlines()]
+    assert rows and all(row[1] == "Enabled" for row in rows), out
+    assert {row[2] for row in rows} == {"[N/A]"}, out
+    assert all(row[3].isdigit() for row in rows), out

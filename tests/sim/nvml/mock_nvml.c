@@ -636,6 +636,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtili
     REQUIRE_DEVICE(device);
     if (!utilization)
         return NVML_ERROR_INVALID_ARGUMENT;
+    /* nvml.h: utilization rates cannot be queried on a GPU in MIG mode. */
+    if (mig_enabled(gpu))
+        return NVML_ERROR_NOT_SUPPORTED;
     utilization->gpu = 0;
     utilization->memory = 0;
     return NVML_SUCCESS;
