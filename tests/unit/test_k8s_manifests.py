@@ -223,6 +223,26 @@ def test_mig_strategies_add_only_cap_sys_admin_to_the_plugin():
     assert not plugin["securityContext"].get("privileged")
 
 
+@pytest.mark.parametrize(
+    ("collectors", "added"),
+    [
+        ("", None),
+        ("DCGM_FI_DEV_GPU_UTIL, gauge, GPU utilization.\n", None),
+        ("# DCGM_FI_PROF_GR_ENGINE_ACTIVE, gauge, off.\nDCGM_FI_DEV_FB_USED, gauge, x.\n", None),
+        (
+            "DCGM_FI_PROF_GR_ENGINE_ACTIVE, gauge, Ratio of time the engine is active.\n",
+            ["SYS_ADMIN"],
+        ),
+    ],
+)
+def test_the_exporter_gets_cap_sys_admin_only_for_profiling_fields(collectors, added):
+    spec = daemonsets(build("plain", exporter_collectors=collectors))["nvidia-dcgm-exporter"]
+    (container,) = spec["spec"]["template"]["spec"]["containers"]
+    context = container["securityContext"]
+    assert not context.get("privileged")
+    assert context.get("capabilities", {}).get("add") == added
+
+
 def test_each_node_names_a_config_the_configmap_has():
     for fleet in FLEETS:
         built = build(fleet)

@@ -441,6 +441,12 @@ def _mps_daemonset(settings, account):
     return _daemonset(settings, component, component, pod)
 
 
+def profiling_fields(collectors):
+    """The DCGM profiling fields (DCP, DCGM_FI_PROF_*) a collectors CSV names."""
+    names = (line.split(",")[0].strip() for line in collectors.splitlines())
+    return [name for name in names if name.startswith("DCGM_FI_PROF_")]
+
+
 def exporter_objects(settings, service_monitor):
     """dcgm-exporter: DaemonSet and Service (+ ConfigMap of collectors, ServiceMonitor)."""
     component = "nvidia-dcgm-exporter"
@@ -474,7 +480,13 @@ def exporter_objects(settings, service_monitor):
         "securityContext": {
             "runAsUser": 0,
             "runAsNonRoot": False,
-            "capabilities": {"add": ["SYS_ADMIN"]},
+            # DCGM's profiling fields (DCGM_FI_PROF_*) need CAP_SYS_ADMIN; nothing else
+            # the exporter reads does, so it is added only for collectors naming them.
+            **(
+                {"capabilities": {"add": ["SYS_ADMIN"]}}
+                if profiling_fields(settings.get("exporter_collectors") or "")
+                else {}
+            ),
         },
         "readinessProbe": {"httpGet": {"path": "/health", "port": port}},
         "volumeMounts": mounts,
