@@ -239,6 +239,46 @@ def test_a_sources_file_mangled_by_hand_is_repaired_though_the_plan_breaks_on_it
     assert fleet.status()["e2e-t4"]["status"] == "converged"
 
 
+def test_a_reconciler_killed_mid_apply_leaves_its_state_and_lock_and_the_work_resumes(
+    fleet: Fleet,
+):
+    """SIGKILL to the whole service (as systemd's kill of its cgroup) in the middle of
+    an apply: the state database reads, the next reconciler takes the lock at once and
+    finishes the change."""
+    collectors = "DCGM_FI_DEV_FB_USED, gauge, Framebuffer memory used (in MiB)."
+    host_vars = fleet.inventory / "host_vars"
+    host_vars.mkdir(exist_ok=True)
+    (host_vars / "e2e-t4.yml").write_text(f"exporter_collectors: |\n  {collectors}\n")
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "runner", "reconcile", "--interval", "600"),
+            *("--metrics-port", "0", "--backoff-base", "3000", *fleet._where()),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=PROJECT,
+        start_new_session=True,
+    )
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if "applying to 1 host(s): e2e-t4" in line:
+            break
+    time.sleep(5)  # inside ansible-playbook's run on the node
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    status = fleet.runner("status")
+    assert "Traceback" not in status.stderr and "e2e-t4" in status.stdout, status.stderr
+    result = fleet.reconcile("--once")
+    assert result.returncode == 1, result.stdout + result.stderr  # only e2e-gone is unwell
+    assert "e2e-t4: " in result.stdout
+    on_node = fleet.on_node("e2e-t4", "cat", "/etc/dcgm-exporter/gpufleet-collectors.csv")
+    assert on_node.stdout.strip() == collectors
+    assert fleet.status()["e2e-t4"]["status"] == "converged"
+    result = fleet.reconcile("--once")
+    assert result.stdout.startswith("cycle: 2 probed, 0 planned, 0 applied"), result.stdout
+
+
 def test_changed_variables_roll_out_as_intentional_and_sigterm_ends_after_the_batch(
     fleet: Fleet,
 ):
