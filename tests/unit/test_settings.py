@@ -215,3 +215,28 @@ def test_one_bad_host_stops_the_run_before_any_play_touches_a_host(tmp_path):
         in message
     )
     assert json.dumps(report["stats"]).count('"changed": 0') == 2
+
+
+def test_a_value_made_from_facts_is_left_to_the_roles_own_check(tmp_path):
+    """Before the facts play nothing about the node is known: a setting built from its
+    facts is not judged then (the role checks it once the facts exist)."""
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(
+        yaml.safe_dump(
+            {
+                "all": {
+                    "vars": {"ansible_connection": "local"},
+                    "hosts": {
+                        "node": {
+                            "driver_branch": "{{ ansible_facts.gpufleet.driver.branch }}",
+                            "exporter_port": "{{ 9400 + 1 }}",
+                        }
+                    },
+                }
+            }
+        )
+    )
+    rc, report = run_ansible(
+        "ansible-playbook", "-i", str(inventory), str(PROJECT / "playbooks" / "settings.yml")
+    )
+    assert rc == 0, report["plays"][0]["tasks"][0]["hosts"]

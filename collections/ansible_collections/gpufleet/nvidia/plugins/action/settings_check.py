@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 from ansible import constants as C
-from ansible.errors import AnsibleError
+from ansible.errors import AnsibleError, AnsibleUndefinedVariable
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.plugins.action import ActionBase
 
@@ -81,7 +81,18 @@ class ActionModule(ActionBase):
         return self._loader.load_from_file(path, trusted_as_template=True) or {}
 
     def _values(self, options, defaults, task_vars):
-        """The host's value of every option: its own, else the role's default, templated."""
+        """The host's value of every option: its own, else the role's default, templated.
+
+        A value built from what is not known yet (facts, before the play that gathers
+        them) is left to the role's own check, which runs when they are."""
         variables = {**defaults, **task_vars}
         templar = self._templar.copy_with_new_env(available_variables=variables)
-        return {name: templar.template(variables[name]) for name in options if name in variables}
+        values = {}
+        for name in options:
+            if name not in variables:
+                continue
+            try:
+                values[name] = templar.template(variables[name])
+            except AnsibleUndefinedVariable:
+                continue
+        return values
