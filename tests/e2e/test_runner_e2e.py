@@ -198,6 +198,46 @@ def test_wrong_settings_are_refused_before_any_node_is_touched(fleet: Fleet):
     assert _node_snapshot(fleet, "e2e-t4") == before
 
 
+def test_a_repository_key_that_is_not_pinned_is_refused_before_apt_trusts_it(fleet: Fleet):
+    # As if the repository now served another key than the one pinned: the pin names a
+    # key the file does not hold.
+    keyring = "/etc/apt/keyrings/nvidia-container-toolkit.asc"
+    apt_state = (
+        f"sha256sum {keyring}; ls -l --time-style=full-iso /etc/apt/sources.list.d "
+        "/etc/apt/keyrings; dpkg-query -W"
+    )
+    before = fleet.on_node("e2e-t4", "sh", "-c", apt_state)
+    assert before.returncode == 0, before.stderr
+    served = fleet.on_node("e2e-t4", "cat", keyring).stdout
+    other = "0123456789ABCDEF0123456789ABCDEF01234567"
+    run = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "ansible-playbook"),
+            "-i",
+            str(fleet.inventory),
+            "--limit",
+            "e2e-t4",
+            "-e",
+            json.dumps({"toolkit_repo_key_fingerprints": [other]}),
+            "site.yml",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=PROJECT,
+        env={**os.environ, "ANSIBLE_CONFIG": str(PROJECT / "ansible.cfg")},
+        check=False,
+    )
+    out = run.stdout + run.stderr
+    assert run.returncode != 0
+    assert "which toolkit_repo_key_fingerprints does not pin" in out, out
+    assert f"it pins {other}" in out and f"{keyring} was not changed" in out
+    assert served.startswith("-----BEGIN PGP PUBLIC KEY BLOCK-----")
+    assert fleet.on_node("e2e-t4", "sh", "-c", apt_state).stdout == before.stdout
+    # With the right pin again, the next cycle finds the node as it was.
+    result = fleet.reconcile("--once")
+    assert fleet.status()["e2e-t4"]["status"] == "converged", result.stdout
+
+
 def test_injected_drift_is_repaired_on_that_node_only(fleet: Fleet):
     cpu_before = fleet.history("e2e-cpu")
     stopped = fleet.on_node("e2e-t4", "systemctl", "stop", "dcgm-exporter.service")

@@ -47,6 +47,11 @@ CACHE = Path(os.environ.get("GPUFLEET_CACHE", PROJECT / ".cache"))
 IMAGE_NAME = "localhost/gpufleet-node"
 LABEL = "gpufleet.sim"
 REPO_MOUNT = "/srv/gpufleet-repo"
+# Where the local repository's key is pinned: each inventory of the simulated fleet.
+REPO_KEY_VARS = tuple(
+    PROJECT / "inventories" / name / "group_vars" / "all" / "repository-key.yml"
+    for name in ("sim", "sim-k8s")
+)
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 DEFAULT_INVENTORY = PROJECT / "inventories" / "sim"
 BOOT_TIMEOUT = 90.0
@@ -156,10 +161,31 @@ def repo_path() -> Path:
 
 
 def build_repo() -> Path:
+    """Build (or reuse) the local repository; pin its signing key in the sim inventories."""
     sys.path.insert(0, str(REPO_DIR))
-    from build_repo import build  # type: ignore[import-not-found]
+    from build_repo import FINGERPRINT_FILE, build  # type: ignore[import-not-found]
 
-    return build(REPO_DIR, repo_path())
+    repo = build(REPO_DIR, repo_path())
+    pin_repo_key((repo / FINGERPRINT_FILE).read_text().strip())
+    return repo
+
+
+def pin_repo_key(fingerprint: str, paths: Sequence[Path] = REPO_KEY_VARS) -> None:
+    """Write the fingerprint of the repository's key where every sim inventory reads it.
+
+    The key is generated with the repository, so its fingerprint is known only once the
+    repository is built: this file (not committed) is to the simulated fleet what a
+    site's group_vars naming its mirror's key are to a real one.
+    """
+    text = (
+        "---\n# Written by tests/sim/fleet.py (not committed): the fingerprint of the local\n"
+        "# repository's signing key, generated with it; simulation.yml pins the roles'\n"
+        "# repository keys to it.\n"
+        f"gpufleet_sim_repo_key_fingerprint: {fingerprint}\n"
+    )
+    for path in paths:
+        if not path.is_file() or path.read_text(encoding="utf-8") != text:
+            path.write_text(text, encoding="utf-8")
 
 
 # --- nodes ----------------------------------------------------------------------

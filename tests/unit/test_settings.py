@@ -57,6 +57,12 @@ def test_every_setting_has_a_form_and_the_defaults_have_it(role):
             "driver_debian_mirror: expected",
         ),
         ({"driver_debian_mirror": "https:///debian"}, "driver_debian_mirror: expected"),
+        # A key id is not a fingerprint; an empty list would trust nothing.
+        (
+            {"toolkit_repo_key_fingerprints": ["3bf863cc"]},
+            "toolkit_repo_key_fingerprints: expected a non-empty list of OpenPGP",
+        ),
+        ({"mig_repo_key_fingerprints": []}, "mig_repo_key_fingerprints: expected"),
         ({"driver_debian_mirror": "http://host:port/debian"}, "driver_debian_mirror: expected"),
         (
             {"k8s_manifests_namespace": "GPU Fleet"},
@@ -145,6 +151,12 @@ def test_a_wrong_value_is_named_with_the_form_expected(values, words):
         {"driver_cuda_repo_apt_selector": "release l=CUDA,o=NVIDIA"},
         {"exporter_repo_apt_selector": "origin developer.download.nvidia.com"},
         {"driver_version": "535.261.03", "driver_branch": "535"},
+        {
+            "driver_cuda_repo_key_fingerprints": [
+                "EB69 3B30 35CD 5710 E231  E123 A4B4 6996 3BF8 63CC"
+            ]
+        },
+        {"exporter_repo_key_fingerprints": ["eb693b3035cd5710e231e123a4b469963bf863cc", "A" * 64]},
         {"exporter_version": "1:3.3.9-1", "toolkit_version": "1.18.0~rc.1-1"},
         {"k8s_manifests_tolerations": [{"operator": "Exists"}]},
         {

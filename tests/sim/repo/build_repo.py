@@ -34,6 +34,9 @@ from pathlib import Path
 
 TOOLKIT_REPO = "libnvidia-container/stable/deb/amd64"
 CUDA_REPO = "cuda/repos/debian12/x86_64"
+# The signing key's fingerprint, at the top of the built tree (not served to nodes
+# as anything they trust: the inventory pins it, see tests/sim/fleet.py).
+FINGERPRINT_FILE = "signing-key.fingerprint"
 TOOLKIT_VERSIONS = ("1.17.8-1", "1.18.0-1")
 DCGM_VERSION = "1:3.3.9"
 EXPORTER_VERSION = "3.3.9-3.6.1-1"
@@ -431,6 +434,18 @@ def build(source_dir: Path, out: Path) -> Path:
         armoured = subprocess.run(
             ["gpg", "--armor", "--export", key_id], env=env, check=True, capture_output=True
         ).stdout
+        # The fingerprint the roles pin the key by (gpg's own listing of it).
+        listing = subprocess.run(
+            ["gpg", "--with-colons", "--fingerprint", key_id],
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+        fingerprint = next(
+            line.split(":")[9] for line in listing.splitlines() if line.startswith("fpr:")
+        )
+        (staging / FINGERPRINT_FILE).write_text(fingerprint + "\n")
         for repo, key_path in (
             # Key files named as upstream publishes them (the CUDA one after its key id).
             (TOOLKIT_REPO, "libnvidia-container/gpgkey"),

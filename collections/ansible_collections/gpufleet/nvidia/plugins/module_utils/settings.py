@@ -32,6 +32,7 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_objects import
     check_label,
     plugin_config,
 )
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.openpgp import normalise
 
 _REGISTRY = re.compile(r"^[A-Za-z0-9.-]+(:[0-9]+)?(/[a-z0-9]+([._-]+[a-z0-9]+)*)*$")
 # Debian's package names and versions (deb-version: [epoch:]upstream[-revision]).
@@ -121,6 +122,21 @@ _OPTIONAL_PACKAGE_VERSION = (
 _SUBDOMAIN = (_match(DNS_SUBDOMAIN, 253), "a Kubernetes object name (lower-case a-z, 0-9, - and .)")
 _DNS_NAME = (_match(DNS_LABEL), "a Kubernetes name (a DNS label: a-z, 0-9 and -, at most 63)")
 _TIMEOUT = (_int_range(1, 86400), "a whole number of seconds from 1 to 86400")
+# OpenPGP primary-key fingerprints: 40 hex digits (version 4 keys) or 64 (version 6),
+# spaced in groups as people copy them or not.
+_FINGERPRINT = re.compile(r"^([0-9A-F]{40}|[0-9A-F]{64})$")
+
+
+def _fingerprints(values):
+    return bool(values) and all(
+        isinstance(value, str) and _FINGERPRINT.match(normalise(value)) for value in values
+    )
+
+
+_KEY_FINGERPRINTS = (
+    _fingerprints,
+    "a non-empty list of OpenPGP key fingerprints (40 or 64 hex digits, spaces allowed)",
+)
 
 # variable -> (check, expected form). A variable missing from a host's settings (its
 # role not being checked) is not looked at.
@@ -131,6 +147,7 @@ RULES = {
         'an NVIDIA driver version such as "535.261.03" (or empty: the newest of the branch)',
     ),
     "driver_cuda_repo_base_url": _URL,
+    "driver_cuda_repo_key_fingerprints": _KEY_FINGERPRINTS,
     "driver_cuda_repo_apt_selector": _SELECTOR,
     "driver_debian_mirror": _URL,
     "driver_debian_security_mirror": _URL,
@@ -148,6 +165,7 @@ RULES = {
     "mig_manager_package": (_match(_PACKAGE), "a Debian package name"),
     "mig_manager_version": _OPTIONAL_PACKAGE_VERSION,
     "mig_repo_base_url": _URL,
+    "mig_repo_key_fingerprints": _KEY_FINGERPRINTS,
     "mig_repo_apt_selector": _SELECTOR,
     "mig_gpu_consumers": _UNIT_NAMES,
     "toolkit_version": (
@@ -155,6 +173,7 @@ RULES = {
         'a toolkit version such as "1.17.8" or "1.17.8-1" (or empty: the newest)',
     ),
     "toolkit_repo_base_url": _URL,
+    "toolkit_repo_key_fingerprints": _KEY_FINGERPRINTS,
     "toolkit_cdi_spec_path": (
         lambda value: _absolute(value, (".yaml", ".json")),
         "an absolute path ending in .yaml or .json",
@@ -192,6 +211,7 @@ RULES = {
         "sha256:<64 hex digits> or sha512:<128 hex digits> (or empty)",
     ),
     "exporter_repo_base_url": _URL,
+    "exporter_repo_key_fingerprints": _KEY_FINGERPRINTS,
     "exporter_repo_apt_selector": _SELECTOR,
     "exporter_dcgm_package": (_match(_PACKAGE), "a Debian package name"),
     "exporter_package": (_match(_PACKAGE), "a Debian package name"),
