@@ -375,7 +375,10 @@ class Reconciler:
         if drift:
             reasons.append("drift")
         if record.desired_hash != desired:
-            reasons.append("desired state changed" if record.desired_hash else "first run")
+            if record.desired_hash:
+                reasons.append("desired state changed")
+            else:  # new to the state; a node with a record was converged before it
+                reasons.append("not in the state" if probe.recorded else "first run")
         if record.consecutive_failures or record.status in ("failed", "reboot-required"):
             reasons.append("failed last time")
         if record.rollout_phase:
@@ -389,17 +392,19 @@ class Reconciler:
     def _plan_needed(self, record: HostRecord, reasons: Sequence[str], desired: str) -> bool:
         """Whether a candidate host must be planned before it is applied.
 
-        Not when it is being onboarded (never converged: nothing on it gpufleet could
-        disrupt), nor when its desired state is unchanged and all it needs is the
-        repair of drift in components whose repair disrupts nothing — putting back
-        a file, a package or a service the last apply recorded. Everything else,
-        including drift in the driver or a container runtime's configuration, is
-        planned first, so that disruptive changes go through a rollout.
+        Not when it is being onboarded (unknown to the state and without a record of
+        gpufleet on the node: nothing on it gpufleet could disrupt), nor when its
+        desired state is unchanged and all it needs is the repair of drift in
+        components whose repair disrupts nothing — putting back a file, a package or
+        a service the last apply recorded. Everything else, including drift in the
+        driver or a container runtime's configuration, and a node that gpufleet
+        converged before but the state does not know (a state database lost or
+        rebuilt), is planned first, so that disruptive changes go through a rollout.
         """
         if self.settings.check_only:
             return True
         if record.desired_hash is None:
-            return False
+            return "no record" not in reasons
         drifted = {d["component"] for d in record.drift}
         return not (
             set(reasons) == {"drift"}

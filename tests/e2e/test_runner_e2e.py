@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -316,6 +317,27 @@ def test_a_reconciler_killed_mid_apply_leaves_its_state_and_lock_and_the_work_re
     on_node = fleet.on_node("e2e-t4", "cat", "/etc/dcgm-exporter/gpufleet-collectors.csv")
     assert on_node.stdout.strip() == collectors
     assert fleet.status()["e2e-t4"]["status"] == "converged"
+    result = fleet.reconcile("--once")
+    assert result.stdout.startswith("cycle: 2 probed, 0 planned, 0 applied"), result.stdout
+
+
+def test_a_lost_state_database_is_relearnt_from_the_nodes_records_without_a_change(
+    fleet: Fleet,
+):
+    """The state directory gone (a new controller, a lost disk): the nodes' own records
+    say gpufleet converged them, so they are planned, not applied as if new (a
+    disruptive change would still go through a rollout: test_runner_loop), and with
+    nothing to change the state is rebuilt and nothing on them changes."""
+    before = {node: _node_snapshot(fleet, node) for node in ("e2e-t4", "e2e-cpu")}
+    statuses = {node: fleet.status()[node]["status"] for node in before}
+    shutil.rmtree(fleet.state)
+    result = fleet.reconcile("--once")
+    assert "Traceback" not in result.stderr
+    # (the third is the host that never answers)
+    assert result.stdout.startswith("cycle: 3 probed, 2 planned, 0 applied"), result.stdout
+    assert "e2e-t4: planned; because not in the state; now converged" in result.stdout
+    assert {node: fleet.status()[node]["status"] for node in before} == statuses
+    assert {node: _node_snapshot(fleet, node) for node in before} == before
     result = fleet.reconcile("--once")
     assert result.stdout.startswith("cycle: 2 probed, 0 planned, 0 applied"), result.stdout
 

@@ -609,6 +609,42 @@ def test_disruptive_changes_roll_one_batch_at_a_time(store: StateStore) -> None:
     assert phases == ["queued", "cordoned", "applied", "done"]
 
 
+def test_a_lost_state_database_never_lets_a_disruptive_change_skip_the_rollout(
+    store: StateStore, tmp_path: Path
+) -> None:
+    """Nodes gpufleet converged before keep their own records; with the state database
+    gone, a driver upgrade found on them is planned and rolled, not applied at once."""
+    _, engine, _ = converged(store, "a", "b", "c")
+    upgrade_driver(engine, "a", "b", "c")
+    with StateStore(tmp_path / "state-rebuilt") as empty:
+        reconciler, relearnt, _ = make(empty, engine.nodes)
+        reconciler.cycle()
+        calls = [call for call, _ in relearnt.calls]
+        assert calls[:2] == ["probe", "plan"], "planned before anything is applied"
+        assert [hosts for call, hosts in relearnt.calls if call == "apply"] == [
+            ("a",),
+            ("b",),
+            ("c",),
+        ], "one host at a time (max_parallel 1)"
+        phases = [e.component for e in empty.history("b", kinds=["rollout"])]
+        assert phases == ["queued", "cordoned", "applied", "done"]
+
+
+def test_a_lost_state_database_is_relearnt_from_a_converged_fleet_without_changes(
+    store: StateStore, tmp_path: Path
+) -> None:
+    _, engine, _ = converged(store, "a", "b")
+    with StateStore(tmp_path / "state-rebuilt") as empty:
+        reconciler, relearnt, _ = make(empty, engine.nodes)
+        report = reconciler.cycle()
+        assert [call for call, _ in relearnt.calls] == ["probe", "plan"]
+        assert report.applied == 0
+        assert {h.status for h in empty.hosts().values()} == {"converged"}
+        relearnt.calls.clear()
+        reconciler.cycle()
+        assert relearnt.calls == [("probe", ("a", "b"))], "known again: only probed"
+
+
 # What one cycle does to a Kubernetes node whose plan is disruptive.
 K8S_ROLLOUT = ["probe", "plan", "cordon", "drain", "apply", "uncordon"]
 
