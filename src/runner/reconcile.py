@@ -568,10 +568,12 @@ class Reconciler:
             # A node waiting for a reboot is not broken: it backs off (nothing will
             # change before the reboot) but is never quarantined for it.
             waiting = not run.failures and _status_from(run, record) == "reboot-required"
+            # A node lost in the middle of the run is unreachable, as a probe finds it.
+            stage = "unreachable" if not run.reachable else failed[0] if failed else "apply"
             self._failed(
                 record,
                 report,
-                failed[0] if failed else "apply",
+                stage,
                 reason,
                 outcome,
                 status="reboot-required" if waiting else "failed",

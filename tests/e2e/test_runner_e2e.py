@@ -91,6 +91,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     (inventory / "group_vars").symlink_to(PROJECT / "inventories" / "sim" / "group_vars")
     # A host whose node does not exist: unreachable from the first cycle on.
     (inventory / "gone.yml").write_text(f"all:\n  hosts:\n    {GONE}:\n")
+    # A short wait for apt's locks, for the test that holds one (the default is 120 s).
+    (inventory / "apt.yml").write_text("all:\n  vars:\n    gpufleet_apt_lock_timeout: 10\n")
     try:
         yield Fleet(inventory, work / "state")
     finally:
@@ -413,3 +415,77 @@ def test_second_reconciler_is_refused_while_one_runs(fleet: Fleet):
         first.send_signal(signal.SIGTERM)
         first.communicate(timeout=300)
     assert first.returncode == 130
+
+
+def test_a_node_lost_in_the_middle_of_an_apply_is_unreachable_and_finished_when_back(
+    fleet: Fleet,
+):
+    """The node powered off (its container stopped at once) while the reconciler
+    applies a change to it: the cycle ends with that host unreachable and its state
+    whole, and once the node is back the next attempt finishes the change."""
+    collectors = "DCGM_FI_DEV_POWER_USAGE, gauge, Power draw (in W)."
+    host_vars = fleet.inventory / "host_vars"
+    host_vars.mkdir(exist_ok=True)
+    (host_vars / "e2e-t4.yml").write_text(f"exporter_collectors: |\n  {collectors}\n")
+    short = ("--backoff-base", "1", "--backoff-cap", "1")
+    proc = fleet.spawn("reconcile", "--once", *short)
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if "applying to 1 host(s): e2e-t4" in line:
+            break
+    time.sleep(5)  # inside ansible-playbook's run on the node
+    subprocess.run(["podman", "stop", "--time", "0", "e2e-t4"], check=True, capture_output=True)
+    out, err = proc.communicate(timeout=600)
+    assert "Traceback" not in err
+    assert "e2e-t4: failed" in out and "unreachable" in out, out + err
+    status = fleet.status()["e2e-t4"]
+    assert (status["status"], status["consecutive_failures"]) == ("unreachable", 1), status
+    subprocess.run(["podman", "start", "e2e-t4"], check=True, capture_output=True)
+    # Until its boot is over (the connection is sshd started per session).
+    booted = fleet.on_node("e2e-t4", "timeout", "120", "systemctl", "is-system-running", "--wait")
+    assert booted.stdout.strip() in ("running", "degraded"), booted.stdout + booted.stderr
+    result = fleet.reconcile("--once", *short)
+    assert "e2e-t4: applied" in result.stdout, result.stdout
+    on_node = fleet.on_node("e2e-t4", "cat", "/etc/dcgm-exporter/gpufleet-collectors.csv")
+    assert on_node.stdout.strip() == collectors
+    assert fleet.status()["e2e-t4"]["status"] == "converged"
+    (host_vars / "e2e-t4.yml").unlink()
+
+
+def test_dpkg_lock_held_by_another_program_fails_naming_it_and_the_next_cycle_repairs(
+    fleet: Fleet,
+):
+    """A package of ours removed while another program (an unattended upgrade, an
+    administrator's apt) holds dpkg's lock: the repair waits the bounded time
+    (gpufleet_apt_lock_timeout), fails naming the lock and its holder, and the host
+    backs off without quarantine; once the lock is free the next attempt repairs it.
+    Last in the module: its short backoff lets the host that never answers be tried
+    again, which the cycles of the tests before do not expect."""
+    removed = fleet.on_node("e2e-t4", "dpkg", "--remove", "dcgm-exporter")
+    assert removed.returncode == 0, removed.stderr
+    holder = (
+        "import fcntl, time\n"
+        "lock = open('/var/lib/dpkg/lock-frontend', 'w')\n"
+        "fcntl.lockf(lock, fcntl.LOCK_EX)\n"
+        "time.sleep(900)\n"
+    )
+    held = subprocess.run(["podman", "exec", "-d", "e2e-t4", "python3", "-c", holder], check=False)
+    assert held.returncode == 0
+    short = ("--backoff-base", "1", "--backoff-cap", "1", "--once")
+    try:
+        result = fleet.reconcile(*short)
+        out = result.stdout + result.stderr
+        assert "e2e-t4: failed" in result.stdout, out
+        assert "Unable to acquire the dpkg frontend lock (/var/lib/dpkg/lock-frontend)" in out, out
+        status = fleet.status()["e2e-t4"]
+        assert (status["status"], status["consecutive_failures"]) == ("failed", 1), status
+    finally:
+        fleet.on_node("e2e-t4", "pkill", "-f", "fcntl.lockf")
+    time.sleep(3)  # past the backoff
+    result = fleet.reconcile(*short)
+    assert "e2e-t4: applied; because drift" in result.stdout, result.stdout
+    installed = fleet.on_node("e2e-t4", "dpkg-query", "-W", "-f=${Status}", "dcgm-exporter")
+    assert installed.stdout == "install ok installed"
+    active = fleet.on_node("e2e-t4", "systemctl", "is-active", "dcgm-exporter.service")
+    assert active.stdout.strip() == "active"
+    assert fleet.status()["e2e-t4"]["status"] == "converged"

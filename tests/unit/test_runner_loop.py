@@ -528,6 +528,30 @@ def test_backoff_jitter_stays_in_bounds() -> None:
     assert len({round(d) for d in delays}) > 50, "jitter spreads the delays"
 
 
+def test_a_node_lost_during_its_apply_is_unreachable_and_backs_off(store: StateStore) -> None:
+    reconciler, engine, clock = converged(store, "a", "b")
+    engine.nodes["a"].pending = {"exporter": False}
+    engine.nodes["a"].drift = [{"component": "exporter", "kind": "service", "name": "x"}]
+
+    apply = engine.converge
+
+    def lost_while_applying(hosts: Sequence[str], check: bool, cluster: bool = False) -> RunResult:
+        if not check:  # reachable for the probe, gone once the apply starts
+            engine.nodes["a"].reachable = False
+        return apply(hosts, check, cluster)
+
+    engine.converge = lost_while_applying  # type: ignore[method-assign]
+    reconciler.cycle()
+    record = store.host("a")
+    assert (record.status, record.failed_stage, record.consecutive_failures) == (
+        "unreachable",
+        "unreachable",
+        1,
+    )
+    assert record.next_attempt is not None and record.next_attempt > clock.now
+    assert store.host("b").status == "converged"
+
+
 def test_quarantine_after_n_failures_until_released(store: StateStore) -> None:
     reconciler, engine, clock = converged(store, "a", "b")
     reconciler.settings.quarantine_after = 3

@@ -122,6 +122,7 @@ _OPTIONAL_PACKAGE_VERSION = (
 _SUBDOMAIN = (_match(DNS_SUBDOMAIN, 253), "a Kubernetes object name (lower-case a-z, 0-9, - and .)")
 _DNS_NAME = (_match(DNS_LABEL), "a Kubernetes name (a DNS label: a-z, 0-9 and -, at most 63)")
 _TIMEOUT = (_int_range(1, 86400), "a whole number of seconds from 1 to 86400")
+_LOCK_TIMEOUT = (_int_range(0, 3600), "a whole number of seconds from 0 to 3600")
 # OpenPGP primary-key fingerprints: 40 hex digits (version 4 keys) or 64 (version 6),
 # spaced in groups as people copy them or not.
 _FINGERPRINT = re.compile(r"^([0-9A-F]{40}|[0-9A-F]{64})$")
@@ -141,6 +142,7 @@ _KEY_FINGERPRINTS = (
 # variable -> (check, expected form). A variable missing from a host's settings (its
 # role not being checked) is not looked at.
 RULES = {
+    "driver_apt_lock_timeout": _LOCK_TIMEOUT,
     "driver_branch": (_match(BRANCH_RE), 'a three-digit driver branch such as "535"'),
     "driver_version": (
         _optional(_match(VERSION_RE)),
@@ -160,6 +162,7 @@ RULES = {
     "driver_gpu_consumers": _UNIT_NAMES,
     "driver_sysfs_root": _PATH,
     "driver_validations_dir": _PATH,
+    "mig_apt_lock_timeout": _LOCK_TIMEOUT,
     "mig_config": (_optional(_match(_MIG_CONFIG)), "a layout name of the MIG file (or empty)"),
     "mig_config_file": _OPTIONAL_PATH,
     "mig_manager_package": (_match(_PACKAGE), "a Debian package name"),
@@ -168,6 +171,7 @@ RULES = {
     "mig_repo_key_fingerprints": _KEY_FINGERPRINTS,
     "mig_repo_apt_selector": _SELECTOR,
     "mig_gpu_consumers": _UNIT_NAMES,
+    "toolkit_apt_lock_timeout": _LOCK_TIMEOUT,
     "toolkit_version": (
         _optional(_match(_TOOLKIT_VERSION)),
         'a toolkit version such as "1.17.8" or "1.17.8-1" (or empty: the newest)',
@@ -178,6 +182,7 @@ RULES = {
         lambda value: _absolute(value, (".yaml", ".json")),
         "an absolute path ending in .yaml or .json",
     ),
+    "runtime_config_apt_lock_timeout": _LOCK_TIMEOUT,
     "runtime_config_runtime_name": (
         _match(_RUNTIME_NAME, 63),
         "letters, digits, - or _ (it becomes a TOML key and a RuntimeClass handler)",
@@ -210,6 +215,7 @@ RULES = {
         _optional(_match(_CHECKSUM)),
         "sha256:<64 hex digits> or sha512:<128 hex digits> (or empty)",
     ),
+    "exporter_apt_lock_timeout": _LOCK_TIMEOUT,
     "exporter_repo_base_url": _URL,
     "exporter_repo_key_fingerprints": _KEY_FINGERPRINTS,
     "exporter_repo_apt_selector": _SELECTOR,
