@@ -216,6 +216,30 @@ def test_device_plugin_is_unprivileged_with_every_capability_dropped():
     assert env["NODE_LABEL"] == "nvidia.com/device-plugin.config"
 
 
+def test_no_pod_of_any_fleet_is_privileged():
+    for fleet in FLEETS:
+        for name, ds in daemonsets(build(fleet)).items():
+            spec = ds["spec"]["template"]["spec"]
+            for container in spec.get("initContainers", []) + spec["containers"]:
+                context = container.get("securityContext", {})
+                assert not context.get("privileged"), (fleet, name, container["name"])
+                mounts = container.get("volumeMounts", [])
+                assert all("mountPropagation" not in m for m in mounts), (name, mounts)
+
+
+def test_the_mps_control_daemon_gets_cap_sys_admin_and_the_nodes_shared_memory():
+    spec = daemonsets(build("mps"))["nvidia-device-plugin-mps-control-daemon"]["spec"]
+    pod = spec["template"]["spec"]
+    daemon = next(c for c in pod["containers"] if c["name"] == "mps-control-daemon")
+    # nvidia-smi -c EXCLUSIVE_PROCESS, which the driver allows with CAP_SYS_ADMIN only.
+    assert daemon["securityContext"]["capabilities"] == {"add": ["SYS_ADMIN"]}
+    assert daemon["securityContext"]["allowPrivilegeEscalation"] is False
+    assert [c["name"] for c in pod["initContainers"]] == ["config-manager-init"]
+    shm = next(v for v in pod["volumes"] if v["name"] == "mps-shm")
+    # Mounted on the node by the device_plugin role (run-nvidia-mps-shm.mount).
+    assert shm["hostPath"] == {"path": "/run/nvidia/mps/shm", "type": "Directory"}
+
+
 def test_mig_strategies_add_only_cap_sys_admin_to_the_plugin():
     spec = daemonsets(build("mig"))["nvidia-device-plugin"]["spec"]["template"]["spec"]
     plugin = next(c for c in spec["containers"] if c["name"] == "nvidia-device-plugin")

@@ -397,24 +397,20 @@ def _mps_daemonset(settings, account):
                 {"name": "CONFIG_FILE", "value": "/config/config.yaml"},
                 *_gpu_env(),
             ],
-            # The control daemon starts nvidia-cuda-mps-control for every GPU.
-            "securityContext": {"privileged": True},
+            # The control daemon puts every GPU it serves in EXCLUSIVE_PROCESS compute
+            # mode (nvidia-smi -c), which the driver allows only with CAP_SYS_ADMIN,
+            # and starts nvidia-cuda-mps-control; the GPUs come from the NVIDIA
+            # runtime (NVIDIA_VISIBLE_DEVICES), not from a privileged container.
+            "securityContext": {
+                "privileged": False,
+                "allowPrivilegeEscalation": False,
+                "capabilities": {"add": ["SYS_ADMIN"]},
+            },
             "volumeMounts": [
                 {"name": "mps-root", "mountPath": "/mps"},
                 {"name": "mps-shm", "mountPath": "/dev/shm"},
                 {"name": "available-configs", "mountPath": "/available-configs"},
                 {"name": "config", "mountPath": "/config"},
-            ],
-        },
-    )
-    mounts = _device_plugin_container(
-        settings,
-        "mps-mounts",
-        ["mps-control-daemon", "mount-shm"],
-        {
-            "securityContext": {"privileged": True},
-            "volumeMounts": [
-                {"name": "mps-root", "mountPath": "/mps", "mountPropagation": "Bidirectional"}
             ],
         },
     )
@@ -425,14 +421,17 @@ def _mps_daemonset(settings, account):
             "serviceAccountName": account,
             "shareProcessNamespace": True,
             "hostPID": True,
-            "initContainers": [mounts, _config_manager(settings, "config-manager-init", True, "")],
+            "initContainers": [_config_manager(settings, "config-manager-init", True, "")],
             "containers": [
                 daemon,
                 _config_manager(settings, "config-manager", False, "/usr/bin/mps-control-daemon"),
             ],
             "volumes": [
                 {"name": "mps-root", "hostPath": {"path": MPS_ROOT, "type": "DirectoryOrCreate"}},
-                {"name": "mps-shm", "hostPath": {"path": f"{MPS_ROOT}/shm"}},
+                # The tmpfs the device_plugin role mounts on the node (upstream's
+                # chart mounts it from a privileged init container): without it the
+                # pod does not start, rather than share memory through /run.
+                {"name": "mps-shm", "hostPath": {"path": f"{MPS_ROOT}/shm", "type": "Directory"}},
                 *_config_volumes(settings),
             ],
         },
