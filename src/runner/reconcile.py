@@ -306,9 +306,9 @@ class Reconciler:
             if not run.reachable or run.failures:
                 failure = "; ".join(run.failures)
                 if run.reachable and self._repairable_without_plan(record, reasons, desired[host]):
-                    # The plan broke on the drift itself (a sources file or a runtime
-                    # config mangled by hand): putting back what the last apply
-                    # recorded needs no plan, and is the way out.
+                    # The plan broke on the drift itself (an apt sources file mangled
+                    # by hand breaks apt, and with it the plan): putting back what
+                    # the last apply recorded needs no plan, and is the way out.
                     outcome.message = (
                         f"plan failed ({failure}); the drift is only in files and services "
                         "the last apply recorded: repaired without a plan"
