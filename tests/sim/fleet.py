@@ -358,6 +358,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_parser("status", help="simulated hardware and driver state of each node")
     restart = sub.add_parser("reboot", help="power-cycle a node")
     restart.add_argument("name")
+    wait = sub.add_parser("wait", help="wait until a node's systemd has finished booting")
+    wait.add_argument("name")
     drift = sub.add_parser("drift", help="inject drift on a node (see `gpusim drift -h`)")
     drift.add_argument("name")
     drift.add_argument("drift_args", nargs=argparse.REMAINDER)
@@ -399,6 +401,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(json.dumps(node_status(node["name"]), sort_keys=True))
         elif args.command == "reboot":
             reboot(args.name)
+        elif args.command == "wait":
+            print(wait_booted(args.name))
         elif args.command == "cluster":
             print(cluster.up(n["name"] for n in running_nodes() if n["state"] == "running"))
         elif args.command == "cluster-down":
