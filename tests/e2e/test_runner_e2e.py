@@ -49,6 +49,21 @@ class Fleet:
         # Long backoff: a failed host stays skipped for the rest of the module.
         return self.runner("reconcile", "--backoff-base", "3000", "--backoff-cap", "3000", *args)
 
+    def site(self, host: str, extra_vars: dict) -> subprocess.CompletedProcess[str]:
+        """One `ansible-playbook site.yml` pass on `host`, as a user runs it by hand."""
+        return subprocess.run(
+            [
+                str(Path(sys.executable).parent / "ansible-playbook"),
+                *("-i", str(self.inventory), "--limit", host),
+                *("-e", json.dumps(extra_vars), "site.yml"),
+            ],
+            capture_output=True,
+            text=True,
+            cwd=PROJECT,
+            env={**os.environ, "ANSIBLE_CONFIG": str(PROJECT / "ansible.cfg")},
+            check=False,
+        )
+
     def spawn(self, *args: str) -> subprocess.Popen[str]:
         return subprocess.Popen(
             [sys.executable, "-m", "runner", *args, *self._where()],
@@ -157,23 +172,7 @@ def test_wrong_settings_are_refused_before_any_node_is_touched(fleet: Fleet):
     before = _node_snapshot(fleet, "e2e-t4")
     for wrong in WRONG_SETTINGS:
         (name,) = wrong
-        run = subprocess.run(
-            [
-                str(Path(sys.executable).parent / "ansible-playbook"),
-                "-i",
-                str(fleet.inventory),
-                "--limit",
-                "e2e-t4",
-                "-e",
-                json.dumps(wrong),
-                "site.yml",
-            ],
-            capture_output=True,
-            text=True,
-            cwd=PROJECT,
-            env={**os.environ, "ANSIBLE_CONFIG": str(PROJECT / "ansible.cfg")},
-            check=False,
-        )
+        run = fleet.site("e2e-t4", wrong)
         out = run.stdout + run.stderr
         assert run.returncode != 0, wrong
         assert "Settings of e2e-t4 refused before any change" in out, out
@@ -213,23 +212,7 @@ def test_a_repository_key_that_is_not_pinned_is_refused_before_apt_trusts_it(fle
     assert before.returncode == 0, before.stderr
     served = fleet.on_node("e2e-t4", "cat", keyring).stdout
     other = "0123456789ABCDEF0123456789ABCDEF01234567"
-    run = subprocess.run(
-        [
-            str(Path(sys.executable).parent / "ansible-playbook"),
-            "-i",
-            str(fleet.inventory),
-            "--limit",
-            "e2e-t4",
-            "-e",
-            json.dumps({"toolkit_repo_key_fingerprints": [other]}),
-            "site.yml",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=PROJECT,
-        env={**os.environ, "ANSIBLE_CONFIG": str(PROJECT / "ansible.cfg")},
-        check=False,
-    )
+    run = fleet.site("e2e-t4", {"toolkit_repo_key_fingerprints": [other]})
     out = run.stdout + run.stderr
     assert run.returncode != 0
     assert "which toolkit_repo_key_fingerprints does not pin" in out, out
