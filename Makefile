@@ -98,7 +98,7 @@ unit: venv consumers toolkit migparted
 # The reconciler against a small simulated fleet, through real ansible-runner, and
 # with the cluster side against the test control plane.
 e2e: image repo controlplane
-	pytest tests/e2e
+	pytest tests/e2e --durations=12
 
 # The MIG stage under the reconciler on a simulated A100 node (about 12 minutes): not
 # part of `make test`, to keep CI within its time budget.
@@ -124,20 +124,27 @@ molecule: image repo
 # KUBECONFIG, GPUFLEET_CLUSTER_INVENTORY, GPUFLEET_CLUSTER_GROUP_VARS and _HOST_VARS.
 MOLECULE_CLUSTER := $(CURDIR)/.cache/molecule-cluster
 MOLECULE_CLUSTER_NODES := mol-k8s-t4=t4-1 mol-k8s-a100=a100-pcie-2 mol-k8s-cpu=none
+MOLECULE_CLUSTER_NAMES := $(foreach n,$(MOLECULE_CLUSTER_NODES),$(firstword $(subst =, ,$(n))))
 molecule-cluster: image repo controlplane
 	@rm -rf $(MOLECULE_CLUSTER) && mkdir -p $(MOLECULE_CLUSTER)
 	@ln -s $(CURDIR)/inventories/sim/group_vars $(MOLECULE_CLUSTER)/group_vars
 	$(FLEET) up $(addprefix --node ,$(MOLECULE_CLUSTER_NODES)) \
 	  --write-inventory $(MOLECULE_CLUSTER)/hosts.yml
-	@started=$$([ -e .cache/cluster/pids/kube-apiserver.pid ] || echo yes); \
+	@exec 9>>.cache/cluster.lock && flock 9; \
+	  started=$$([ -e .cache/cluster/pids/kube-apiserver.pid ] || echo yes); \
 	  trap '[ -z "'$$started'" ] || $(FLEET) cluster-down; \
-	    $(FLEET) down $(foreach n,$(MOLECULE_CLUSTER_NODES),$(firstword $(subst =, ,$(n))))' EXIT; \
-	  export KUBECONFIG=$$($(FLEET) cluster) \
+	    $(FLEET) down $(MOLECULE_CLUSTER_NAMES)' EXIT; \
+	  export KUBECONFIG=$$($(FLEET) cluster $(MOLECULE_CLUSTER_NAMES)) \
 	    GPUFLEET_CLUSTER_INVENTORY=$(MOLECULE_CLUSTER)/hosts.yml \
 	    GPUFLEET_CLUSTER_GROUP_VARS=$(MOLECULE_CLUSTER)/group_vars; \
 	  molecule test -s cluster
 
-test: lint unit e2e molecule
+# Two lanes side by side (tests/tools/suite.py), each part's time printed at the end;
+# everything the lanes share is built first. Parts that use the test control plane
+# take turns with it (.cache/cluster.lock).
+TEST_LANES := --lane "lint unit molecule" --lane "e2e"
+test: venv consumers toolkit migparted image repo controlplane
+	$(BIN)/python tests/tools/suite.py $(TEST_LANES)
 
 clean: fleet-down
 	rm -rf .cache

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+import cluster as sim_cluster
+
 PROJECT = Path(__file__).resolve().parents[2]
 FLEET = [sys.executable, str(PROJECT / "tests" / "sim" / "fleet.py")]
 NODES = {"e2e-k8s-t4": "t4-1", "e2e-k8s-cpu": "none"}
@@ -89,9 +91,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         [*FLEET, "up", *nodes, "--write-inventory", str(inventory / "hosts.yml")], check=True
     )
     (inventory / "group_vars").symlink_to(PROJECT / "inventories" / "sim" / "group_vars")
+    with sim_cluster.exclusive():
+        yield from _cluster(work, inventory)
+
+
+def _cluster(work: Path, inventory: Path) -> Iterator[Cluster]:
     started = not (PROJECT / ".cache" / "cluster" / "pids" / "kube-apiserver.pid").exists()
     # (stderr not captured: if the control plane does not start, its reason is shown)
-    up = subprocess.run([*FLEET, "cluster"], check=True, stdout=subprocess.PIPE, text=True)
+    up = subprocess.run([*FLEET, "cluster", *NODES], check=True, stdout=subprocess.PIPE, text=True)
     kubeconfig = Path(up.stdout.strip().splitlines()[-1])
     built = subprocess.run(
         ["bash", str(PROJECT / "tests" / "sim" / "controlplane" / "build.sh")],
@@ -193,7 +200,7 @@ def test_api_server_gone_node_work_goes_on_and_the_next_cycle_finishes_it(
         assert status.returncode == 1
         assert "cluster side: failed" in status.stdout, status.stdout
     finally:
-        subprocess.run([*FLEET, "cluster"], check=True, capture_output=True)
+        subprocess.run([*FLEET, "cluster", *NODES], check=True, capture_output=True)
     result = cluster.reconcile()
     assert result.returncode == 0, result.stdout + result.stderr
     assert cluster.labels(GPU_NODE)["nvidia.com/gpu.present"] == "true"

@@ -19,7 +19,9 @@ and by the tests.
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime
+import fcntl
 import ipaddress
 import json
 import os
@@ -31,7 +33,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +43,10 @@ BUILD_SCRIPT = SIM_DIR / "controlplane" / "build.sh"
 BUILD_MODULE = SIM_DIR / "controlplane"
 CLUSTER_DIR = Path(os.environ.get("GPUFLEET_CACHE", PROJECT / ".cache")) / "cluster"
 KUBECONFIG = CLUSTER_DIR / "kubeconfig"
+# Held by whoever uses the test control plane from start to stop (a test module, a
+# molecule scenario), so that suites run side by side take turns with it:
+# `flock .cache/cluster.lock ...` in the Makefile, exclusive() in Python.
+LOCK_FILE = CLUSTER_DIR.parent / "cluster.lock"
 
 # Ports on 127.0.0.1, away from the usual ones so that a real cluster on the same
 # machine is not disturbed; GPUFLEET_CLUSTER_PORT moves the API server.
@@ -472,6 +478,18 @@ def kubectl(bin_dir: Path, *args: str, stdin: str | None = None) -> str:
 
 
 # --- the verbs --------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def exclusive() -> Iterator[None]:
+    """Hold the test control plane for the block (waits while another user holds it)."""
+    LOCK_FILE.parent.mkdir(parents=True, exist_ok=True)
+    with LOCK_FILE.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def up(node_names: Iterable[str]) -> Path:

@@ -363,10 +363,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     drift = sub.add_parser("drift", help="inject drift on a node (see `gpusim drift -h`)")
     drift.add_argument("name")
     drift.add_argument("drift_args", nargs=argparse.REMAINDER)
-    sub.add_parser(
+    cluster_parser = sub.add_parser(
         "cluster",
         help="start (or keep) the test control plane, register one Node per running "
-        "simulated node; print the kubeconfig's path",
+        "simulated node (or per NODE named); print the kubeconfig's path",
+    )
+    cluster_parser.add_argument(
+        "nodes", nargs="*", metavar="NODE", help="register only these simulated nodes"
     )
     sub.add_parser("cluster-down", help="stop the test control plane and forget it")
     args = parser.parse_args(argv)
@@ -404,7 +407,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "wait":
             print(wait_booted(args.name))
         elif args.command == "cluster":
-            print(cluster.up(n["name"] for n in running_nodes() if n["state"] == "running"))
+            running = [n["name"] for n in running_nodes() if n["state"] == "running"]
+            missing = sorted(set(args.nodes) - set(running))
+            if missing:
+                raise FleetError(f"not running simulated nodes: {', '.join(missing)}")
+            print(cluster.up(args.nodes or running))
         elif args.command == "cluster-down":
             for name in cluster.down():
                 print(f"{name}: stopped")

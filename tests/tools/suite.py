@@ -1,0 +1,115 @@
+"""Run the test suite's parts in lanes side by side, then print what each part took.
+
+    python tests/tools/suite.py --lane "lint unit molecule" --lane "e2e"
+
+Each lane is a list of Makefile targets run one after another (`make TARGET`); lanes run
+at the same time. The simulated nodes spend much of a run waiting (on systemd, on apt,
+on a backoff), so two lanes keep two cores busier than one. Every line a part prints is
+shown as it comes, prefixed with the part's name; a lane stops at its first failing part,
+the other lanes go on, so one run reports every lane's failure. Parts that share
+something exclusive (the test control plane) take a lock for it themselves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+PROJECT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Part:
+    lane: int
+    target: str
+    result: str = "not run"
+    seconds: float = 0.0
+
+
+_print_lock = threading.Lock()
+
+
+def _say(line: str) -> None:
+    with _print_lock:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+
+
+def _run_part(part: Part, make: list[str]) -> bool:
+    width = 16
+    prefix = f"[{part.target}]".ljust(width)
+    started = time.monotonic()
+    process = subprocess.Popen(
+        [*make, part.target],
+        cwd=PROJECT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        errors="replace",
+        bufsize=1,
+    )
+    assert process.stdout is not None
+    for line in process.stdout:
+        _say(f"{prefix} {line}" if line.endswith("\n") else f"{prefix} {line}\n")
+    returncode = process.wait()
+    part.seconds = time.monotonic() - started
+    part.result = "passed" if returncode == 0 else f"FAILED ({returncode})"
+    return returncode == 0
+
+
+def _run_lane(parts: list[Part], make: list[str]) -> None:
+    for part in parts:
+        if not _run_part(part, make):
+            return
+
+
+def _minutes(seconds: float) -> str:
+    return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--lane",
+        action="append",
+        required=True,
+        metavar="TARGETS",
+        help="Makefile targets run one after another (space-separated); repeat per lane",
+    )
+    args = parser.parse_args(argv)
+    make = ["make", "--no-print-directory"]
+    lanes = [
+        [Part(index, target) for target in spec.split()]
+        for index, spec in enumerate(args.lane, start=1)
+    ]
+    started = time.monotonic()
+    threads = [threading.Thread(target=_run_lane, args=(lane, make)) for lane in lanes]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = time.monotonic() - started
+
+    parts = [part for lane in lanes for part in lane]
+    print("\nmake test: what each part took (lanes ran side by side)")
+    print(f"  {'lane':<5} {'part':<18} {'result':<12} {'time':>7}")
+    for part in parts:
+        print(f"  {part.lane:<5} {part.target:<18} {part.result:<12} {_minutes(part.seconds):>7}")
+    for index, lane in enumerate(lanes, start=1):
+        print(f"  lane {index}: {_minutes(sum(p.seconds for p in lane))}")
+    print(f"  wall clock: {_minutes(wall)}")
+    failed = [p.target for p in parts if p.result != "passed"]
+    if failed:
+        print(f"make test: FAILED or not run: {', '.join(failed)}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
