@@ -27,6 +27,18 @@ HOST_STATUSES = (
     "pending",
 )
 ROLLOUT_PHASES = ("queued", "cordoned", "drained", "applied", "halted")
+# The GPU Operator's node status exporter (its nvidia-validator `metrics` command) sets
+# these per node, 1 when the stage's barrier is open: here 1 when the host's stages
+# pass. Same names and `node` label, so dashboards and alerts written for the operator
+# read a gpufleet fleet. A series exists only where the stages are enabled.
+NODE_READY_GAUGES = {
+    "gpu_operator_node_driver_ready": ("driver",),
+    "gpu_operator_node_toolkit_ready": ("toolkit", "runtime_config"),
+    "gpu_operator_node_plugin_ready": ("device_plugin",),
+    "gpu_operator_node_cuda_ready": ("validator",),
+    "gpu_operator_node_driver_validation": ("validator",),
+}
+_READY = ("ready", "pre-installed")
 
 
 class Metrics:
@@ -51,7 +63,7 @@ class Metrics:
         self.changes = Counter(
             "gpufleet_changes",
             "Components changed on a host, corrective (drift repaired) or intentional",
-            ["component", "kind"],
+            ["host", "component", "kind"],
             registry=r,
         )
         self.quarantines = Counter("gpufleet_quarantines", "Hosts put into quarantine", registry=r)
@@ -73,6 +85,10 @@ class Metrics:
         self.rollout = Gauge(
             "gpufleet_rollout_hosts", "Hosts in each phase of a rollout", ["phase"], registry=r
         )
+        self.node_ready = {
+            name: Gauge(name, f"1 while the host's {'+'.join(stages)} pass", ["node"], registry=r)
+            for name, stages in NODE_READY_GAUGES.items()
+        }
         self._phases: dict[str, str | None] = {}
         self._stages: dict[str, dict[str, str]] = {}
 
@@ -85,13 +101,15 @@ class Metrics:
         elif event == "drift":
             self.drifts.labels(data["component"], data["kind"]).inc()
         elif event in ("corrective", "intentional"):
-            self.changes.labels(data[1], event).inc()
+            self.changes.labels(data[0], data[1], event).inc()
         elif event == "phase":
             self.hosts_acted.labels(data[0]).inc(data[1])
         elif event == "quarantine":
             self.quarantines.inc()
         elif event in ("host", "rollout"):
             self._host(data)
+        elif event == "forgotten":
+            self._forget(data)
 
     def _cycle(self, report: CycleReport) -> None:
         failed = any(o.action == "failed" for o in report.outcomes.values())
@@ -112,6 +130,23 @@ class Metrics:
             if new:
                 self.stage_status.labels(record.name, stage, new).set(1)
         self._stages[record.name] = dict(record.stages)
+        for name, stages in NODE_READY_GAUGES.items():
+            statuses = [record.stages.get(stage) for stage in stages]
+            if any(status in (None, "disabled", "not-a-gpu-node") for status in statuses):
+                self.node_ready[name].remove(record.name)
+                continue
+            self.node_ready[name].labels(record.name).set(int(all(s in _READY for s in statuses)))
         self._phases[record.name] = record.rollout_phase
+        for phase in ROLLOUT_PHASES:
+            self.rollout.labels(phase).set(sum(p == phase for p in self._phases.values()))
+
+    def _forget(self, host: str) -> None:
+        """Drop every series of a host no longer in the inventory."""
+        for metric in (self.host_status, self.stage_status, self.quarantined, self.changes):
+            metric.remove_by_labels({"host": host})
+        for gauge in self.node_ready.values():
+            gauge.remove(host)
+        self._stages.pop(host, None)
+        self._phases.pop(host, None)
         for phase in ROLLOUT_PHASES:
             self.rollout.labels(phase).set(sum(p == phase for p in self._phases.values()))

@@ -207,6 +207,7 @@ class Reconciler:
         if not self.settings.limit:
             for gone in self.store.forget_missing(list(hostvars)):
                 log.info("%s: no longer in the inventory; forgotten", gone)
+                self.hook("forgotten", gone)
         desired = self.engine.desired_hashes(hostvars)
         records = {host: self.store.host(host) for host in hostvars}
         cluster_on = any(_truthy(v.get(CLUSTER_VARIABLE)) for v in hostvars.values())

@@ -2,11 +2,13 @@
 # The real programs the unit tests feed gpufleet's output to, unpacked into
 # .cache/consumers (not installed, so no daemon starts on this machine):
 #   - Debian's containerd, which must accept the configs gpufleet writes;
-#   - Debian's nvidia-smi (non-free), which runs on the mock NVML (tests/sim/nvml).
+#   - Debian's nvidia-smi (non-free), which runs on the mock NVML (tests/sim/nvml);
+#   - Debian's Prometheus (promtool), which checks and unit-tests the alert rules.
 # Skips what is already there.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)/.cache/consumers"
-[ -x "$root/usr/bin/containerd" ] && [ -x "$root/usr/lib/nvidia/current/nvidia-smi" ] && exit 0
+[ -x "$root/usr/bin/containerd" ] && [ -x "$root/usr/lib/nvidia/current/nvidia-smi" ] \
+  && [ -x "$root/usr/bin/promtool" ] && exit 0
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 cd "$work"
@@ -18,7 +20,8 @@ apt_opts=(-o "Dir::Etc::SourceList=$work/sources.list" -o Dir::Etc::SourceParts=
           -o "Dir::State::Lists=$work/lists" -o "Dir::Cache=$work/cache"
           -o APT::Sandbox::User=root -q)
 apt-get "${apt_opts[@]}" update >/dev/null
-apt-get "${apt_opts[@]}" download containerd nvidia-smi >/dev/null
+apt-get "${apt_opts[@]}" download containerd nvidia-smi prometheus >/dev/null
 mkdir -p "$root"
-for deb in containerd_*.deb nvidia-smi_*.deb; do dpkg-deb -x "$deb" "$root"; done
-echo "consumers: $("$root/usr/bin/containerd" --version); nvidia-smi $(dpkg-deb -f nvidia-smi_*.deb Version)"
+for deb in containerd_*.deb nvidia-smi_*.deb prometheus_*.deb; do dpkg-deb -x "$deb" "$root"; done
+echo "consumers: $("$root/usr/bin/containerd" --version); nvidia-smi $(dpkg-deb -f nvidia-smi_*.deb Version);" \
+  "prometheus $(dpkg-deb -f prometheus_*.deb Version)"

@@ -773,12 +773,31 @@ def test_metrics_follow_the_loop(store: StateStore) -> None:
         'gpufleet_reconcile_hosts_total{phase="plan"} 1.0',
         'gpufleet_reconcile_hosts_total{phase="apply"} 1.0',
         'gpufleet_drift_detected_total{component="runtime_config",kind="file"} 1.0',
-        'gpufleet_changes_total{component="runtime_config",kind="corrective"} 1.0',
+        'gpufleet_changes_total{component="runtime_config",host="b",kind="corrective"} 1.0',
+        'gpu_operator_node_driver_ready{node="b"} 1.0',
         'gpufleet_host_status{host="b",status="converged"} 1.0',
         'gpufleet_host_stage_status{host="b",stage="driver",status="ready"} 1.0',
         "gpufleet_reconcile_cycle_duration_seconds_count 1.0",
     ):
         assert line in text
+
+
+def test_metrics_of_a_host_gone_from_the_inventory_are_dropped(store: StateStore) -> None:
+    from prometheus_client import generate_latest
+
+    from runner.metrics import Metrics
+
+    metrics = Metrics()
+    reconciler, engine, _ = converged(store, "a", "b")
+    reconciler.hook = metrics
+    engine.nodes["b"].drift = drift()
+    reconciler.cycle()
+    assert 'host="b"' in generate_latest(metrics.registry).decode()
+    del engine.nodes["b"]
+    reconciler.cycle()
+    text = generate_latest(metrics.registry).decode()
+    assert 'host="b"' not in text and 'node="b"' not in text
+    assert 'gpufleet_host_status{host="a",status="converged"} 1.0' in text
 
 
 def test_a_node_waiting_for_a_reboot_backs_off_but_is_never_quarantined(
