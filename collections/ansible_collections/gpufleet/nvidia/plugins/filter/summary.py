@@ -4,37 +4,6 @@
 
 from __future__ import annotations
 
-DOCUMENTATION = r"""
----
-name: node_summary
-short_description: One line describing a node's GPUs and driver
-version_added: 0.1.0
-description:
-  - Takes the C(ansible_facts.gpufleet) dictionary that M(gpufleet.nvidia.gpu_facts)
-    returns and describes the node in one line.
-positional: _input
-options:
-  _input:
-    description: The C(gpufleet) facts of one node.
-    type: dict
-    required: true
-"""
-
-EXAMPLES = r"""
-- name: Describe the node
-  ansible.builtin.debug:
-    msg: "{{ ansible_facts.gpufleet | gpufleet.nvidia.node_summary }}"
-"""
-
-# node_report is documented in node_report.yml next to this file.
-RETURN = r"""
-_value:
-  description:
-    - For example C(8x NVIDIA H100 80GB HBM3 + 4 NVSwitch; driver loaded 550.127.05 (open)).
-  type: str
-"""
-
-
 def node_summary(facts):
     if not facts.get("gpu_count"):
         return "not a GPU node (no NVIDIA device on the PCI bus)"

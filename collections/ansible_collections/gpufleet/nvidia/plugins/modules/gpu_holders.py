@@ -8,7 +8,7 @@ DOCUMENTATION = r"""
 ---
 module: gpu_holders
 short_description: Find the processes that hold a node's NVIDIA GPUs
-version_added: 0.3.0
+version_added: 0.1.0
 description:
   - Lists every process that has an NVIDIA GPU device file (C(/dev/nvidia0),
     C(/dev/nvidia1), ...) open, as the kernel counts the driver's users; while any such

@@ -8,7 +8,7 @@ DOCUMENTATION = r"""
 ---
 module: repo_key
 short_description: Install a package repository's signing key only if it is the pinned one
-version_added: 0.4.0
+version_added: 0.1.0
 description:
   - Downloads an OpenPGP public key file (ASCII-armoured or binary) and fingerprints
     every primary key in it. Only when each of them is among O(fingerprints) is the

@@ -8,7 +8,7 @@ DOCUMENTATION = r"""
 ---
 module: settings_check
 short_description: Check the settings of gpufleet's roles for a host, before any change
-version_added: 0.4.0
+version_added: 0.1.0
 description:
   - Checks every setting of the named roles as the host's variables give it (the role's
     default where the host has none) in two steps. First against each role's argument
