@@ -66,3 +66,68 @@ def test_the_rules_read_only_series_the_reconciler_exports() -> None:
     read = rule_series()
     assert read, "no series found in the rules"
     assert read <= exported, sorted(read - exported)
+
+
+DASHBOARD = PROJECT / "src" / "runner" / "monitoring" / "gpufleet-dashboard.json"
+
+
+def dashboard_targets() -> list[tuple[str, str]]:
+    import json
+
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    return [(p["title"], t["expr"]) for p in panels if p["type"] != "row" for t in p["targets"]]
+
+
+def test_the_dashboard_follows_grafanas_dashboard_linter_conventions() -> None:
+    """What Grafana's dashboard-linter checks (its rules, by name), checked here by hand:
+    the linter itself cannot be built on these machines (see the README)."""
+    import json
+
+    dashboard = json.loads(DASHBOARD.read_text())
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"  # template-datasource-rule
+    assert variables["datasource"]["query"] == "prometheus"
+    for name in ("job", "instance"):  # template-job-rule, template-instance-rule
+        var = variables[name]
+        assert (var["label"], var["multi"], var["allValue"]) == (name, True, ".+")
+        assert var["datasource"]["uid"] == "${datasource}"
+        assert var["refresh"] == 2  # template-on-time-change-reload-rule
+    assert dashboard["editable"] is False  # template-uneditable-rule
+    for panel in dashboard["panels"]:
+        if panel["type"] == "row":
+            continue
+        title = panel["title"]
+        assert title and panel["description"], title  # panel-title-description-rule
+        assert panel["datasource"]["uid"] == "${datasource}", title  # panel-datasource-rule
+        assert panel["fieldConfig"]["defaults"]["unit"], title  # panel-units-rule
+        assert panel["targets"], title  # panel-no-targets-rule
+    for title, expr in dashboard_targets():
+        assert 'job=~"$job"' in expr and 'instance=~"$instance"' in expr, title
+        for counter in re.findall(r"\b\w+_(?:total|bucket)\b", expr):  # target-counter-agg-rule
+            assert re.search(
+                rf"(rate|increase)\({counter}\{{[^}}]*\}}\[\$__rate_interval\]", expr
+            ), title
+
+
+def test_the_dashboard_reads_only_series_the_reconciler_or_dcgm_exporter_exports() -> None:
+    from prometheus_client import generate_latest
+
+    from runner.metrics import Metrics
+
+    exported = set(re.findall(r"^# TYPE (\S+)", generate_latest(Metrics().registry).decode(), re.M))
+    exported |= {f"{name}_total" for name in exported} | {f"{name}_bucket" for name in exported}
+    read = {
+        name
+        for _, expr in dashboard_targets()
+        for name in re.findall(r"\b(?:gpufleet|gpu_operator)_[a-z_]+\b", expr)
+    }
+    assert read and read <= exported, sorted(read - exported)
+    dcgm = {name for _, expr in dashboard_targets() for name in re.findall(r"\bDCGM_FI_\w+", expr)}
+    # The collectors file the simulated dcgm-exporter package ships (upstream's
+    # default-counters.csv has both fields too); the role keeps it unless
+    # exporter_collectors is set.
+    defaults = (
+        PROJECT / "tests" / "sim" / "repo" / "standins" / "default-counters.csv"
+    ).read_text()
+    collected = {line.split(",")[0].strip() for line in defaults.splitlines() if line[:1] != "#"}
+    assert dcgm and dcgm <= collected, sorted(dcgm - collected)
