@@ -97,7 +97,7 @@ unit: venv consumers toolkit migparted
 
 # The reconciler against a small simulated fleet, through real ansible-runner, and
 # with the cluster side against the test control plane.
-e2e: image repo controlplane
+e2e: image repo controlplane consumers
 	pytest tests/e2e --durations=12
 
 # The MIG stage under the reconciler on a simulated A100 node (about 12 minutes): not

@@ -16,11 +16,14 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 PROJECT = Path(__file__).resolve().parents[2]
 FLEET = [sys.executable, str(PROJECT / "tests" / "sim" / "fleet.py")]
@@ -134,6 +137,124 @@ def test_steady_state_only_probes_and_skips_the_host_backing_off(fleet: Fleet):
     assert result.stdout.startswith("cycle: 2 probed, 0 planned, 0 applied"), result.stdout
     assert f"{GONE}: skipped; backing off" in result.stdout
     assert result.returncode == 1, "the fleet still has an unreachable host"
+
+
+PROMETHEUS = PROJECT / ".cache" / "consumers" / "usr" / "bin" / "prometheus"
+RULES = PROJECT / "src" / "runner" / "monitoring" / "gpufleet-rules.yml"
+DASHBOARD = PROJECT / "src" / "runner" / "monitoring" / "gpufleet-dashboard.json"
+
+
+def _prometheus_api(port: int, path: str) -> Any:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/{path}", timeout=10) as answer:
+        return json.load(answer)["data"]
+
+
+def test_a_real_prometheus_scrapes_the_fleet_loads_the_rules_and_an_alert_fires(
+    fleet: Fleet, tmp_path: Path
+):
+    """Debian's Prometheus scrapes the reconciler and the T4's dcgm-exporter, with the
+    shipped rules (their `for:` cut to a second, the expressions as shipped): every
+    rule evaluates, and the host that never answers raises GpufleetNodeNotConverged."""
+    assert PROMETHEUS.is_file(), "run tests/tools/consumers.sh (make e2e does)"
+    rules = yaml.safe_load(RULES.read_text())
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            if "for" in rule:
+                rule["for"] = "1s"
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump(rules))
+    node_ip = subprocess.run(
+        ["podman", "inspect", "-f", "{{.NetworkSettings.IPAddress}}", "e2e-t4"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    metrics_port, prometheus_port = free_port(), free_port()
+    config = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(tmp_path / "rules.yml")],
+        "scrape_configs": [
+            {
+                "job_name": "gpufleet",
+                "static_configs": [{"targets": [f"127.0.0.1:{metrics_port}"]}],
+            },
+            {"job_name": "dcgm-exporter", "static_configs": [{"targets": [f"{node_ip}:9400"]}]},
+        ],
+    }
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    reconciler = fleet.spawn(
+        "reconcile",
+        "--backoff-base",
+        "3000",
+        "--interval",
+        "600",
+        "--metrics-port",
+        str(metrics_port),
+    )
+    with (tmp_path / "prometheus.log").open("w") as log:
+        prometheus = subprocess.Popen(
+            [
+                str(PROMETHEUS),
+                f"--config.file={tmp_path / 'prometheus.yml'}",
+                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{prometheus_port}",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 120
+        firing: list[dict] = []
+        while time.monotonic() < deadline:
+            time.sleep(2)
+            try:
+                alerts = _prometheus_api(prometheus_port, "alerts")["alerts"]
+            except OSError:
+                continue  # not listening yet
+            firing = [
+                a["labels"]
+                for a in alerts
+                if a["state"] == "firing" and a["labels"]["alertname"] == "GpufleetNodeNotConverged"
+            ]
+            if firing:
+                break
+        log = (tmp_path / "prometheus.log").read_text()
+        assert firing == [
+            {
+                "alertname": "GpufleetNodeNotConverged",
+                "host": GONE,
+                "status": "unreachable",
+                "severity": "warning",
+            }
+        ], log
+        targets = _prometheus_api(prometheus_port, "targets")["activeTargets"]
+        assert {t["labels"]["job"]: t["health"] for t in targets} == {
+            "gpufleet": "up",
+            "dcgm-exporter": "up",
+        }, targets
+        groups = _prometheus_api(prometheus_port, "rules")["groups"]
+        health = {r["name"]: r["health"] for g in groups for r in g["rules"]}
+        assert len(health) == 10 and set(health.values()) == {"ok"}, health
+        utilisation = _prometheus_api(prometheus_port, "query?query=DCGM_FI_DEV_GPU_UTIL")
+        assert utilisation["result"], "no GPU metric from the node's exporter"
+        ready = _prometheus_api(prometheus_port, "query?query=gpu_operator_node_driver_ready")
+        assert {r["metric"]["node"]: r["value"][1] for r in ready["result"]} == {"e2e-t4": "1"}
+        # The dashboard's queries, with Grafana's variables as "All" would set them.
+        answered = {}
+        for panel in json.loads(DASHBOARD.read_text())["panels"]:
+            for target in panel.get("targets", []):
+                expr = target["expr"].replace("$job", ".+").replace("$instance", ".+")
+                expr = expr.replace("$__rate_interval", "1m")
+                query = urllib.parse.urlencode({"query": expr})
+                answered[panel["title"]] = bool(
+                    _prometheus_api(prometheus_port, f"query?{query}")["result"]
+                )
+        for title in ("Hosts converged", "Hosts by status", "Stage readiness", "GPU utilisation"):
+            assert answered[title], f"dashboard panel {title!r} has no data"
+    finally:
+        prometheus.terminate()
+        prometheus.wait(timeout=60)
+        reconciler.send_signal(signal.SIGTERM)
+        reconciler.communicate(timeout=300)
 
 
 # Wrong values a new user tried, of early and late stages alike (issue 18): each stops
