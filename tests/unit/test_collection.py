@@ -33,30 +33,28 @@ def tool(name: str, *args: str, cwd: Path, env: dict[str, str] | None = None) ->
     return result.stdout
 
 
+def clean_env(collections: Path) -> dict[str, str]:
+    """No project ansible.cfg (whose collections_path already holds gpufleet.nvidia):
+    only the given collections path (and ansible's own collections) are seen."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    env.update(ANSIBLE_COLLECTIONS_PATH=str(collections), ANSIBLE_NOCOLOR="1")
+    return env
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(tarball, collections path it was installed into)."""
     work = tmp_path_factory.mktemp("collection")
-    tool(
-        "ansible-galaxy",
-        "collection",
-        "build",
-        str(COLLECTION),
-        "--output-path",
-        str(work),
-        cwd=work,
-    )
-    tarball = work / "gpufleet-nvidia-0.1.0.tar.gz"
     path = work / "installed"
-    tool("ansible-galaxy", "collection", "install", str(tarball), "-p", str(path), cwd=work)
+    env = clean_env(path)
+    build = ("collection", "build", str(COLLECTION), "--output-path", str(work))
+    tool("ansible-galaxy", *build, cwd=work, env=env)
+    tarball = work / "gpufleet-nvidia-0.1.0.tar.gz"
+    tool(
+        "ansible-galaxy", "collection", "install", str(tarball), "-p", str(path), cwd=work, env=env
+    )
+    assert (path / "ansible_collections" / "gpufleet" / "nvidia" / "MANIFEST.json").is_file()
     return tarball, path
-
-
-def clean_env(collections: Path) -> dict[str, str]:
-    """No project ansible.cfg: only the installed collection (and ansible's own) are seen."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
-    env.update(ANSIBLE_COLLECTIONS_PATH=str(collections), ANSIBLE_NOCOLOR="1")
-    return env
 
 
 def test_the_tarball_holds_the_plugins_docs_and_changelog_and_no_tests(installed):

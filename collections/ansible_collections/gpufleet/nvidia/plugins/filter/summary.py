@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+
 def node_summary(facts):
     if not facts.get("gpu_count"):
         return "not a GPU node (no NVIDIA device on the PCI bus)"
