@@ -19,12 +19,12 @@ export ANSIBLE_FORCE_COLOR ?= 0
 export NO_COLOR ?= 1
 export PY_COLORS ?= 0
 
-.PHONY: help deps venv consumers toolkit migparted image repo fleet fleet-down fleet-status controlplane cluster cluster-down demo test lint unit e2e e2e-mig molecule molecule-cluster bench clean
+.PHONY: help deps venv docs consumers toolkit migparted image repo fleet fleet-down fleet-status controlplane cluster cluster-down demo test lint unit e2e e2e-mig molecule molecule-cluster bench clean
 
 help:
 	@echo "make demo    start the simulated GPU fleet and run the main job on it"
 	@echo "make test    run lint, unit, e2e tests and molecule scenarios (what CI runs)"
-	@echo "make fleet | fleet-status | fleet-down | cluster | cluster-down | lint | unit | e2e | e2e-mig | molecule | bench | clean"
+	@echo "make fleet | fleet-status | fleet-down | cluster | cluster-down | lint | unit | e2e | e2e-mig | molecule | bench | docs | clean"
 
 deps:
 	@bash tests/sim/host-deps.sh
@@ -77,6 +77,11 @@ lint: venv
 	ruff check src tests collections molecule
 	ruff format --check src tests collections molecule
 	mypy
+
+# docs/roles/<role>.md from each role's meta/argument_specs.yml (a unit test checks
+# they are in step).
+docs: venv
+	$(BIN)/python tests/tools/role_docs.py
 
 # Real programs the unit tests feed our configs to (Debian's containerd, unpacked).
 consumers:

@@ -1,0 +1,30 @@
+"""The per-role reference pages in docs/roles are generated from the roles' argument
+specs (tests/tools/role_docs.py): a spec changed without its page fails here."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+PROJECT = Path(__file__).resolve().parents[2]
+TOOL = PROJECT / "tests" / "tools" / "role_docs.py"
+
+
+def test_every_role_page_is_what_its_argument_spec_says() -> None:
+    result = subprocess.run(
+        [sys.executable, str(TOOL), "--check"], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr + "\nrun: python tests/tools/role_docs.py"
+
+
+def test_every_variable_of_every_role_is_on_its_page() -> None:
+    for spec_file in sorted(PROJECT.glob("roles/*/meta/argument_specs.yml")):
+        role = spec_file.parent.parent.name
+        page = (PROJECT / "docs" / "roles" / f"{role}.md").read_text()
+        specs = yaml.safe_load(spec_file.read_text())["argument_specs"]
+        for entry in specs.values():
+            for name in entry.get("options") or {}:
+                assert f"| `{name}` |" in page, (role, name)
