@@ -28,3 +28,17 @@ def test_every_variable_of_every_role_is_on_its_page() -> None:
         for entry in specs.values():
             for name in entry.get("options") or {}:
                 assert f"| `{name}` |" in page, (role, name)
+
+
+def test_every_relative_link_in_the_docs_resolves() -> None:
+    import re
+
+    pages = [PROJECT / "README.md", *PROJECT.glob("docs/*.md"), *PROJECT.glob("roles/*/README.md")]
+    broken = [
+        f"{page.relative_to(PROJECT)}: {target}"
+        for page in pages
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text())
+        if not target.startswith(("http://", "https://"))
+        and not (page.parent / target).resolve().exists()
+    ]
+    assert not broken, broken
