@@ -131,11 +131,17 @@ class Metrics:
                 self.stage_status.labels(record.name, stage, new).set(1)
         self._stages[record.name] = dict(record.stages)
         for name, stages in NODE_READY_GAUGES.items():
-            statuses = [record.stages.get(stage) for stage in stages]
-            if any(status in (None, "disabled", "not-a-gpu-node") for status in statuses):
+            # Stages turned off (or not run yet) do not count; none left: no series.
+            statuses = [
+                status
+                for status in (record.stages.get(stage) for stage in stages)
+                if status not in (None, "disabled", "not-a-gpu-node")
+            ]
+            if statuses:
+                ready = all(status in _READY for status in statuses)
+                self.node_ready[name].labels(record.name).set(int(ready))
+            else:
                 self.node_ready[name].remove(record.name)
-                continue
-            self.node_ready[name].labels(record.name).set(int(all(s in _READY for s in statuses)))
         self._phases[record.name] = record.rollout_phase
         for phase in ROLLOUT_PHASES:
             self.rollout.labels(phase).set(sum(p == phase for p in self._phases.values()))

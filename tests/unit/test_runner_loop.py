@@ -782,6 +782,30 @@ def test_metrics_follow_the_loop(store: StateStore) -> None:
         assert line in text
 
 
+def test_node_ready_gauges_count_only_the_stages_that_are_on() -> None:
+    from prometheus_client import generate_latest
+
+    from runner.metrics import Metrics
+    from runner.state import HostRecord
+
+    metrics = Metrics()
+    stages = {s: "ready" for s in STAGES} | {
+        "runtime_config": "disabled",
+        "device_plugin": "disabled",
+    }
+    metrics("host", HostRecord("a", status="converged", stages=stages))
+    metrics("host", HostRecord("b", status="failed", stages=stages | {"toolkit": "failed"}))
+    metrics(
+        "host",
+        HostRecord("c", status="not-a-gpu-node", stages=dict.fromkeys(STAGES, "not-a-gpu-node")),
+    )
+    text = generate_latest(metrics.registry).decode()
+    assert 'gpu_operator_node_toolkit_ready{node="a"} 1.0' in text  # runtime_config off
+    assert 'gpu_operator_node_toolkit_ready{node="b"} 0.0' in text
+    assert 'gpu_operator_node_plugin_ready{node="a"}' not in text  # device plugin off
+    assert 'node="c"' not in text  # no GPUs: no series
+
+
 def test_metrics_of_a_host_gone_from_the_inventory_are_dropped(store: StateStore) -> None:
     from prometheus_client import generate_latest
 
