@@ -157,6 +157,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="Ansible run artifacts kept (default %(default)s)",
     )
     acting.add_argument(
+        "--forks",
+        type=_positive(int, 1),
+        default=None,
+        help="parallel Ansible connections (default: the inventory's "
+        "gpufleet_reconcile_forks, else one per host up to 10 per CPU)",
+    )
+    acting.add_argument(
         "--full-check-interval",
         type=_positive(float, 60),
         default=86400.0,
@@ -353,6 +360,7 @@ def _run_cycle(args: argparse.Namespace) -> int:
                 inventory,
                 directory / "ansible",
                 keep_runs=args.keep_runs,
+                forks=args.forks,
                 extravars={"ansible_connection": "local"} if args.local else None,
                 progress=None if args.quiet else _progress,
                 cancel=lambda: stop.urgent,

@@ -27,17 +27,26 @@ PASSING = ("ready", "pre-installed", "disabled", "not-a-gpu-node")
 # What the project's playbooks and roles are made of: their hash is part of every
 # host's desired state, so editing a role makes every host due for a plan.
 PROJECT_PARTS = ("site.yml", "playbooks", "roles", "collections", "ansible.cfg")
-PROBE_TASK = "Probe the node's managed state"
-# playbooks/rollout.yml's task that cordons, drains or uncordons a node.
-ROLLOUT_TASK = "Cordon, drain or uncordon the node as asked"
+# Results are found by the module that produced them, never by a task's display name
+# (renaming a task must not make the fleet look unreachable): playbooks/probe.yml's
+# node_state probe, playbooks/rollout.yml's cordon, drain or uncordon.
+PROBE_MODULE = "gpufleet.nvidia.node_state"
+ROLLOUT_MODULE = "kubernetes.core.k8s_drain"
 # The cluster side runs on the control host: a run that includes it adds this host
 # to its limit (a --limit leaves the implicit localhost out otherwise), and the
 # cluster probe's result is the fact CLUSTER_PROBE_FACT there.
 CLUSTER_HOST = "localhost"
 CLUSTER_PROBE_FACT = "k8s_manifests_probe"
-# Plays whose failures say nothing about one host (the report fails the run once,
-# on whichever host comes first, for a stage that failed anywhere).
-_FLEET_PLAYS = ("Report the state of every node",)
+# The tag of playbooks/report.yml's verdict, which fails the run once (on whichever
+# host comes first) for a stage that failed anywhere: it says nothing about that
+# host, and the runner reads each stage's outcome itself, so its runs skip it.
+VERDICT_TAG = "verdict"
+# Forks when neither --forks nor the inventory sets them: one per host of the run,
+# up to this many per controller CPU (past that the controller paces the run, not
+# the nodes' round trips).
+FORKS_PER_CPU = 10
+# The inventory's forks for the reconciler's runs (group_vars/all), under --forks.
+FORKS_VARIABLE = "gpufleet_reconcile_forks"
 
 
 class EngineError(Exception):
@@ -244,7 +253,7 @@ class EventCollector:
             self._say(host, "unreachable")
             return True
         if kind == "runner_on_failed":
-            if not data.get("ignore_errors") and data.get("play") not in _FLEET_PLAYS:
+            if not data.get("ignore_errors"):
                 where = f"{role}: " if role else ""
                 failure = f"{where}{task}: {res.get('msg', 'failed')}"
                 if role in STAGES and role not in run.stages:
@@ -253,10 +262,11 @@ class EventCollector:
                     run.failures.append(failure)
                 self._say(host, f"failed: {where}{task}")
             return True
-        if task == PROBE_TASK:
+        action = data.get("resolved_action") or data.get("task_action")
+        if action == PROBE_MODULE and "drifted" in res:
             self.probes[host] = _probe_result(host, res)
             return True
-        if task == ROLLOUT_TASK:
+        if action == ROLLOUT_MODULE:
             run.action_changed = bool(res.get("changed"))
             return True
         cluster_probe = (res.get("ansible_facts") or {}).get(CLUSTER_PROBE_FACT)
@@ -315,7 +325,7 @@ class AnsibleEngine:
         inventory: str,
         work_dir: Path,
         keep_runs: int = 10,
-        forks: int = 10,
+        forks: int | None = None,
         extravars: Mapping[str, Any] | None = None,
         progress: ProgressCallback | None = None,
         cancel: Callable[[], bool] | None = None,
@@ -324,7 +334,9 @@ class AnsibleEngine:
         self.inventory_path = inventory
         self.work_dir = work_dir
         self.keep_runs = keep_runs
+        # None: the inventory's FORKS_VARIABLE, else default_forks(hosts of the run).
         self.forks = forks
+        self._inventory_forks: int | None = None
         self.extravars = dict(extravars or {})
         self.progress = progress
         self.cancel = cancel
@@ -372,6 +384,7 @@ class AnsibleEngine:
             raise EngineError(
                 f"--limit {limit!r} matches no host of inventory {self.inventory_path}"
             )
+        self._inventory_forks = inventory_forks(hostvars)
         return {name: hostvars.get(name, {}) for name in sorted(names)}
 
     def desired_hashes(self, hostvars: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
@@ -395,8 +408,8 @@ class AnsibleEngine:
             playbook=str(self.project / playbook),
             inventory=str(Path(self.inventory_path).resolve()),
             limit=",".join(hosts),
-            forks=self.forks,
-            cmdline=" ".join(cmdline) or None,
+            forks=self.forks or self._inventory_forks or default_forks(len(hosts)),
+            cmdline=" ".join([*cmdline, "--skip-tags", VERDICT_TAG]),
             extravars={**self.extravars, **(extravars or {})},
             envvars=self._env(),
             rotate_artifacts=self.keep_runs,
@@ -452,6 +465,36 @@ class AnsibleEngine:
             extravars={"gpufleet_rollout_action": action},
         )
         return _result(collector, hosts)
+
+
+def default_forks(hosts: int, cpus: int | None = None) -> int:
+    """Forks for a run over `hosts` hosts: one each, up to FORKS_PER_CPU per CPU."""
+    return max(1, min(hosts, FORKS_PER_CPU * (cpus or os.cpu_count() or 1)))
+
+
+def inventory_forks(hostvars: Mapping[str, Mapping[str, Any]]) -> int | None:
+    """The forks the inventory sets (FORKS_VARIABLE), None when it sets none.
+
+    A controller setting: one positive integer for the whole inventory. A value that
+    is not one, or hosts that disagree, is an error naming the hosts."""
+    found: dict[str, int] = {}
+    for host, values in sorted(hostvars.items()):
+        if FORKS_VARIABLE not in values:
+            continue
+        value = values[FORKS_VARIABLE]
+        text = str(value)
+        if isinstance(value, bool) or not text.isdigit() or int(text) < 1:
+            raise EngineError(
+                f"{FORKS_VARIABLE} on host {host}: expected a positive integer, got {value!r}"
+            )
+        found[host] = int(text)
+    if len(set(found.values())) > 1:
+        seen = ", ".join(f"{host} {forks}" for host, forks in found.items())
+        raise EngineError(
+            f"{FORKS_VARIABLE}: expected one value for the whole inventory (set it in "
+            f"group_vars/all), got {seen}"
+        )
+    return next(iter(found.values()), None)
 
 
 def _with_cluster(hosts: Sequence[str], cluster: bool) -> list[str]:

@@ -3,10 +3,28 @@ ansible-runner events into what a plan shows."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+import yaml
 
 from ansible_collections.gpufleet.nvidia.plugins.filter import summary
-from runner.engine import ROLLOUT_TASK, STAGES, Change, EventCollector, HostRun, stage_passed
+from runner.engine import (
+    FORKS_VARIABLE,
+    PROBE_MODULE,
+    ROLLOUT_MODULE,
+    STAGES,
+    VERDICT_TAG,
+    Change,
+    EngineError,
+    EventCollector,
+    HostRun,
+    default_forks,
+    inventory_forks,
+    stage_passed,
+)
+
+PROJECT = Path(__file__).resolve().parents[2]
 
 OUTCOMES = [
     {"status": "ready"},
@@ -47,7 +65,14 @@ def test_a_planned_mig_layout_change_is_disruptive_a_rewritten_layouts_file_is_n
 
 
 def _ok(task: str, action: str, res: dict) -> dict:
-    data = {"host": "a", "role": "driver", "task": task, "task_action": action, "res": res}
+    data = {
+        "host": "a",
+        "role": "driver",
+        "task": task,
+        "task_action": action,
+        "resolved_action": action,
+        "res": res,
+    }
     return {"event": "runner_on_ok", "event_data": data}
 
 
@@ -101,7 +126,7 @@ def test_the_cluster_probe_and_a_node_action_are_read_from_their_events():
     event = _ok("Compare the cluster with the record", "ansible.builtin.set_fact", probe)
     event["event_data"].update(host="localhost", role="k8s_manifests")
     collector(event)
-    cordon = _ok(ROLLOUT_TASK, "kubernetes.core.k8s_drain", {"changed": False})
+    cordon = _ok("Any name", ROLLOUT_MODULE, {"changed": False})
     cordon["event_data"]["role"] = ""
     collector(cordon)
     cluster = collector.probes["localhost"]
@@ -137,3 +162,50 @@ def test_a_stage_that_stopped_before_its_outcome_is_a_failure():
     collector.finish("failed")
     assert collector.hosts["a"].failures == ["driver: Install the driver packages: no such version"]
     assert not collector.hosts["a"].succeeded
+
+
+def _tasks(playbook: str) -> list[dict]:
+    plays = yaml.safe_load((PROJECT / playbook).read_text())
+    found = []
+    for play in plays:
+        for task in play.get("tasks", []):
+            found.extend([task, *task.get("block", [])])
+    return found
+
+
+def test_the_probe_is_found_by_its_module_whatever_its_task_is_called():
+    collector = EventCollector()
+    probe = {"changed": False, "recorded": True, "drifted": True, "drift": {"exporter": [{}]}}
+    collector(_ok("A task renamed by someone", PROBE_MODULE, probe))
+    record = {"changed": True, "digest": "abc"}  # the same module in record.yml
+    collector(_ok("Record the managed state", PROBE_MODULE, record))
+    assert collector.probes["a"].recorded
+    assert [d["component"] for d in collector.probes["a"].drift] == ["exporter"], (
+        "the record written after it is no probe"
+    )
+
+
+def test_the_playbooks_use_the_modules_and_tag_the_engine_reads():
+    probes = [t for t in _tasks("playbooks/probe.yml") if PROBE_MODULE in t]
+    assert len(probes) == 1 and probes[0][PROBE_MODULE].get("state", "probe") == "probe"
+    assert [t for t in _tasks("playbooks/rollout.yml") if ROLLOUT_MODULE in t]
+    verdicts = [t for t in _tasks("playbooks/report.yml") if "ansible.builtin.fail" in t]
+    assert [t.get("tags") for t in verdicts] == [[VERDICT_TAG]], (
+        "the runner skips the fleet-wide verdict by this tag; untagged, it would count "
+        "as a failure of whichever host ran it"
+    )
+
+
+def test_forks_default_to_one_per_host_up_to_ten_per_cpu():
+    assert default_forks(3, cpus=2) == 3
+    assert default_forks(50, cpus=2) == 20
+    assert default_forks(0, cpus=2) == 1
+
+
+def test_the_inventory_sets_forks_once_for_the_fleet():
+    assert inventory_forks({"a": {}, "b": {}}) is None
+    assert inventory_forks({"a": {FORKS_VARIABLE: 25}, "b": {FORKS_VARIABLE: "25"}}) == 25
+    with pytest.raises(EngineError, match=f"{FORKS_VARIABLE} on host b: expected a positive"):
+        inventory_forks({"a": {FORKS_VARIABLE: 4}, "b": {FORKS_VARIABLE: "many"}})
+    with pytest.raises(EngineError, match=r"expected one value for the whole inventory.*a 4, b 8"):
+        inventory_forks({"a": {FORKS_VARIABLE: 4}, "b": {FORKS_VARIABLE: 8}})
