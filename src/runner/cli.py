@@ -31,10 +31,21 @@ import yaml
 from runner import __version__
 from runner.engine import STAGES, AnsibleEngine, EngineError
 from runner.lock import InventoryLock, LockHeld
-from runner.reconcile import CycleReport, Reconciler, Settings, Stop, release
+from runner.reconcile import (
+    CycleReport,
+    InventoryError,
+    LogObserver,
+    Observer,
+    Reconciler,
+    Settings,
+    Stop,
+    release,
+)
 from runner.state import (
     ClusterRecord,
     HostRecord,
+    HostStatus,
+    RolloutRecord,
     StateError,
     StateStore,
     ensure_private_dir,
@@ -167,7 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--full-check-interval",
         type=_positive(float, 60),
         default=86400.0,
-        help="plan every host at least this often in seconds (default %(default)s)",
+        help="plan every host once per this many seconds, each at its own offset in "
+        "it (default %(default)s)",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
@@ -183,8 +195,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds between cycles, jittered by 10%% (default %(default)s)",
     )
     rec.add_argument("--check", action="store_true", help="probe and plan only; apply nothing")
-    rec.add_argument("--max-parallel", type=_positive(int, 1), default=1)
-    rec.add_argument("--max-unavailable", type=_positive(int, 1), default=1)
+    rec.add_argument(
+        "--json", action="store_true", help="with --once: print the cycle's report as JSON"
+    )
+    rec.add_argument(
+        "--max-parallel",
+        type=_positive(int, 1),
+        default=1,
+        help="hosts per rollout batch, for pools whose inventory sets no "
+        "gpufleet_rollout_max_parallel (default %(default)s)",
+    )
+    rec.add_argument(
+        "--max-unavailable",
+        type=_positive(int, 1),
+        default=1,
+        help="hosts of a pool out of service at once, where the inventory sets no "
+        "gpufleet_rollout_max_unavailable (default %(default)s)",
+    )
     rec.add_argument("--quarantine-after", type=_positive(int, 1), default=5)
     rec.add_argument("--backoff-base", type=_positive(float, 1), default=60.0)
     rec.add_argument("--backoff-cap", type=_positive(float, 1), default=3600.0)
@@ -326,6 +353,8 @@ def _settings(args: argparse.Namespace, check_only: bool) -> Settings:
             backoff_base=args.backoff_base,
             backoff_cap=args.backoff_cap,
         )
+        if args.json and not args.once:
+            raise UsageError("--json prints one cycle's report: use it with --once")
         if args.max_parallel > args.max_unavailable:
             raise UsageError(
                 f"--max-parallel {args.max_parallel} exceeds --max-unavailable "
@@ -365,7 +394,7 @@ def _run_cycle(args: argparse.Namespace) -> int:
                 progress=None if args.quiet else _progress,
                 cancel=lambda: stop.urgent,
             )
-            hook = None
+            observers: list[Observer] = [LogObserver()]
             once = args.command == "plan" or args.once
             if args.command == "reconcile":
                 port = args.metrics_port if args.metrics_port is not None else (0 if once else 9842)
@@ -375,11 +404,13 @@ def _run_cycle(args: argparse.Namespace) -> int:
                     metrics = Metrics()
                     metrics.serve(args.metrics_address, port)
                     log.info("metrics on http://%s:%d/metrics", args.metrics_address, port)
-                    hook = metrics
-            reconciler = Reconciler(engine, store, settings, stop=stop, hook=hook)
+                    observers.append(metrics)
+            reconciler = Reconciler(engine, store, settings, stop=stop, observers=observers)
             report = reconciler.run(once=once)
             if args.command == "plan" and args.json:
                 print(json.dumps({h: asdict(o) for h, o in sorted(report.outcomes.items())}))
+            elif args.command == "reconcile" and args.json:
+                print(json.dumps(asdict(report), indent=2, sort_keys=True))
             else:
                 _print_report(report, store.hosts(), diffs=args.command == "plan")
             return _exit_for(report, store.hosts(), settings)
@@ -392,11 +423,21 @@ def _progress(host: str, text: str) -> None:
     log.info("  %s: %s", host, text)
 
 
+_UNWELL = (
+    HostStatus.FAILED,
+    HostStatus.REFUSED,
+    HostStatus.UNREACHABLE,
+    HostStatus.REBOOT_REQUIRED,
+)
+# Rollout phases of a host out of service for its change.
+_FLIGHT = ("cordoned", "drained", "applied")
+
+
 def _unwell(record: HostRecord) -> bool:
     """Whether the host is not where it should be, for the exit code."""
     return (
         record.quarantined
-        or record.status in ("failed", "refused", "unreachable", "reboot-required")
+        or record.status in _UNWELL
         or record.rollout_phase == "halted"
         or record.rollout_reason.startswith("drain blocked")
     )
@@ -447,6 +488,8 @@ def _print_report(report: CycleReport, hosts: dict[str, HostRecord], diffs: bool
                     print(f"    [{component}] " + text.replace("\n", "\n      "))
     if report.cluster:
         print(f"  cluster side: {report.cluster}")
+    for pool, text in sorted(report.rollouts.items()):
+        print(f"  rollout of pool {pool}: {text}")
 
 
 def _age(now: float, then: float | None) -> str:
@@ -464,9 +507,9 @@ def _host_line(record: HostRecord) -> str:
     why = record.reason if record.reason.startswith(f"{where}:") else f"{where}: {record.reason}"
     if record.quarantined:
         return f"quarantined ({why}); once fixed: runner release {record.name}"
-    if record.status in ("failed", "refused", "unreachable", "reboot-required"):
+    if record.status in _UNWELL:
         return f"{record.status} ({why})"
-    if record.status == "drifted" and record.drift:
+    if record.status == HostStatus.DRIFTED and record.drift:
         return "drifted (" + ", ".join(sorted({d["component"] for d in record.drift})) + ")"
     if record.rollout_phase:
         reason = f": {record.rollout_reason}" if record.rollout_reason else ""
@@ -493,6 +536,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     with _open_store(directory) as store:
         hosts = store.hosts()
         cluster = store.cluster()
+        rollouts = store.rollouts()
     if args.json:
         print(json.dumps([asdict(r) for r in hosts.values()], indent=2))
         return Exit.OK
@@ -507,8 +551,31 @@ def cmd_status(args: argparse.Namespace) -> int:
         )
     if cluster.status != "unknown":
         print(f"cluster side: {_cluster_line(cluster)}, applied {_age(now, cluster.last_apply)}")
+    for pool, rollout in rollouts.items():
+        print(_rollout_line(pool, rollout, hosts, now))
     unwell = any(_unwell(r) for r in hosts.values()) or cluster.status == "failed"
     return Exit.FAILED if unwell else Exit.OK
+
+
+def _rollout_line(
+    pool: str, rollout: RolloutRecord, hosts: dict[str, HostRecord], now: float
+) -> str:
+    """A pool's rollout: done, in flight (with phases), queued, halted (with why)."""
+    members = {h: r for h, r in hosts.items() if r.rollout_pool == pool and r.rollout_phase}
+    flight = [f"{h} {r.rollout_phase}" for h, r in members.items() if r.rollout_phase in _FLIGHT]
+    queued = [h for h, r in members.items() if r.rollout_phase == "queued"]
+    halted = [
+        f"{h} ({r.rollout_reason})" for h, r in members.items() if r.rollout_phase == "halted"
+    ]
+    if rollout.finished is not None:
+        when = f"finished {_age(now, rollout.finished)}"
+    else:
+        when = f"started {_age(now, rollout.started)}"
+    parts = [f"{len(rollout.done)} done"]
+    for label, items in (("in flight", flight), ("queued", queued), ("halted", halted)):
+        if items:
+            parts.append(f"{label} {len(items)}: {', '.join(items)}")
+    return f"rollout of pool {pool} ({when}): " + "; ".join(parts)
 
 
 def _cluster_line(cluster: ClusterRecord) -> str:
@@ -564,7 +631,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "history":
             return cmd_history(args)
         return cmd_release(args)
-    except (UsageError, EngineError, LockHeld, StateError) as err:
+    except (UsageError, EngineError, InventoryError, LockHeld, StateError) as err:
         print(f"error: {err}", file=sys.stderr)
         return _EXIT_FOR_ERROR[type(err)]
 
@@ -573,6 +640,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 _EXIT_FOR_ERROR: dict[type[Exception], int] = {
     UsageError: Exit.USAGE,
     EngineError: Exit.USAGE,
+    InventoryError: Exit.USAGE,
     LockHeld: Exit.LOCKED,
     StateError: Exit.STATE,
 }

@@ -1,32 +1,22 @@
 """Prometheus metrics of the reconcile loop, served on 127.0.0.1 by default.
 
-The loop tells `Metrics` what happens through its hook; nothing here decides
-anything. Each reconciler has its own registry (no process-global state), so tests
+The loop tells `Metrics` what happens (it is one of the loop's observers); nothing
+here decides anything. Each reconciler has its own registry (no process-global state), so tests
 can build as many as they like.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from runner.engine import STAGES
-from runner.reconcile import CycleReport
-from runner.state import HostRecord
+from runner.reconcile import CycleReport, Observer
+from runner.rollout import PHASES
+from runner.state import HostRecord, HostStatus
 
-HOST_STATUSES = (
-    "converged",
-    "drifted",
-    "failed",
-    "refused",
-    "unreachable",
-    "reboot-required",
-    "not-a-gpu-node",
-    "excluded",
-    "pending",
-)
-ROLLOUT_PHASES = ("queued", "cordoned", "drained", "applied", "halted")
 # The GPU Operator's node status exporter (its nvidia-validator `metrics` command) sets
 # these per node, 1 when the stage's barrier is open: here 1 when the host's stages
 # pass. Same names and `node` label, so dashboards and alerts written for the operator
@@ -41,7 +31,7 @@ NODE_READY_GAUGES = {
 _READY = ("ready", "pre-installed")
 
 
-class Metrics:
+class Metrics(Observer):
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
@@ -54,7 +44,7 @@ class Metrics:
             buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600),
             registry=r,
         )
-        self.hosts_acted = Counter(
+        self.hosts_acted_total = Counter(
             "gpufleet_reconcile_hosts", "Hosts probed, planned or applied", ["phase"], registry=r
         )
         self.drifts = Counter(
@@ -95,31 +85,27 @@ class Metrics:
     def serve(self, address: str, port: int) -> None:
         start_http_server(port, addr=address, registry=self.registry)
 
-    def __call__(self, event: str, data: Any) -> None:
-        if event == "cycle":
-            self._cycle(data)
-        elif event == "drift":
-            self.drifts.labels(data["component"], data["kind"]).inc()
-        elif event in ("corrective", "intentional"):
-            self.changes.labels(data[0], data[1], event).inc()
-        elif event == "phase":
-            self.hosts_acted.labels(data[0]).inc(data[1])
-        elif event == "quarantine":
-            self.quarantines.inc()
-        elif event in ("host", "rollout"):
-            self._host(data)
-        elif event == "forgotten":
-            self._forget(data)
+    def drift_found(self, item: Mapping[str, Any]) -> None:
+        self.drifts.labels(item["component"], item["kind"]).inc()
 
-    def _cycle(self, report: CycleReport) -> None:
+    def component_changed(self, host: str, component: str, kind: str) -> None:
+        self.changes.labels(host, component, kind).inc()
+
+    def hosts_acted(self, phase: str, count: int) -> None:
+        self.hosts_acted_total.labels(phase).inc(count)
+
+    def host_quarantined(self, host: str) -> None:
+        self.quarantines.inc()
+
+    def cycle_finished(self, report: CycleReport) -> None:
         failed = any(o.action == "failed" for o in report.outcomes.values())
         self.cycles.labels(
             "interrupted" if report.interrupted else "failed" if failed else "ok"
         ).inc()
         self.duration.observe(report.finished - report.started)
 
-    def _host(self, record: HostRecord) -> None:
-        for status in HOST_STATUSES:
+    def host_updated(self, record: HostRecord) -> None:
+        for status in HostStatus:
             self.host_status.labels(record.name, status).set(int(record.status == status))
         self.quarantined.labels(record.name).set(int(record.quarantined))
         previous = self._stages.get(record.name, {})
@@ -143,10 +129,9 @@ class Metrics:
             else:
                 self.node_ready[name].remove(record.name)
         self._phases[record.name] = record.rollout_phase
-        for phase in ROLLOUT_PHASES:
-            self.rollout.labels(phase).set(sum(p == phase for p in self._phases.values()))
+        self._count_phases()
 
-    def _forget(self, host: str) -> None:
+    def host_forgotten(self, host: str) -> None:
         """Drop every series of a host no longer in the inventory."""
         for metric in (self.host_status, self.stage_status, self.quarantined, self.changes):
             metric.remove_by_labels({"host": host})
@@ -154,5 +139,8 @@ class Metrics:
             gauge.remove(host)
         self._stages.pop(host, None)
         self._phases.pop(host, None)
-        for phase in ROLLOUT_PHASES:
+        self._count_phases()
+
+    def _count_phases(self) -> None:
+        for phase in PHASES:
             self.rollout.labels(phase).set(sum(p == phase for p in self._phases.values()))

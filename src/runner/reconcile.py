@@ -1,32 +1,40 @@
 """The reconcile loop: level-triggered, cheap in steady state.
 
-Every cycle:
-1. read the inventory and hash each host's desired state (its variables plus the
-   project's playbooks and roles);
-2. probe every host that is due (not quarantined, not backing off): one task that
-   compares the node's managed state with what its last successful apply recorded;
-   with the cluster side on, one read of the cluster compared with the record of its
-   last apply (label drift makes its host a candidate, object drift the cluster);
-3. plan (check mode) on the hosts that drifted, have no record, whose desired state
-   changed, that failed last time, that are in a rollout, or whose periodic full
-   check is due;
-4. apply to the planned hosts with changes, and to hosts whose Node labels the
-   cluster side owes; every apply includes the cluster side once. A disruptive
-   change (driver reload, container runtime restart) goes through a rollout instead:
-   max_parallel hosts at a time, never more than max_unavailable out of service,
-   Kubernetes nodes cordoned and drained first (a drain a PodDisruptionBudget
-   refuses waits, cordoned, for the next cycle); a failure halts the rollout and the
-   host stays cordoned;
-5. record, per host and component, what was repaired (corrective) apart from what
-   changed because the desired state did (intentional).
+Every cycle runs these phases over one `_Cycle` (the cycle's working memory):
 
-Time, randomness and sleeping are injected, so the loop's logic runs on fake time in
-tests.
+1. due: read the inventory, hash each host's desired state (its variables plus the
+   project's playbooks and roles) and pick the hosts that are due (not quarantined,
+   not backing off, settings not refused);
+2. probe: one task per host that compares the node's managed state with what its
+   last successful apply recorded; with the cluster side on, one read of the cluster
+   compared with the record of its last apply (label drift makes its host a
+   candidate, object drift the cluster);
+3. plan (check mode) on the candidates: hosts that drifted, have no record, whose
+   desired state changed, that failed last time or whose periodic full check is due
+   (each host at its own offset in the interval). Hosts being onboarded and drift
+   that cannot disrupt skip the plan; so do hosts already in a rollout, whose change
+   was planned when they joined it;
+4. apply to the planned hosts with changes, and to hosts whose Node labels the
+   cluster side owes; every apply includes the cluster side once;
+5. roll: a disruptive change (driver reload, MIG layout, container runtime restart)
+   goes through its pool's rollout instead, which advances one batch per cycle:
+   max_parallel hosts at a time, never more than max_unavailable of the pool out of
+   service, Kubernetes nodes cordoned and drained first (a drain a
+   PodDisruptionBudget refuses waits, cordoned, for the next cycle); a failed host
+   halts and stays cordoned, and max_failures halted hosts halt the pool. Between
+   batches the next cycle starts after the pool's pause, so drift elsewhere in the
+   fleet is repaired while a long rollout goes on.
+
+What was repaired (corrective) is recorded per host and component apart from what
+changed because the desired state did (intentional). Time, randomness and sleeping
+are injected, so the loop's logic runs on fake time in tests.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import math
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -34,7 +42,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runner.engine import CLUSTER_HOST, STAGES, Engine, HostRun, ProbeResult
-from runner.state import CLUSTER_SUBJECT, ClusterRecord, HistoryEntry, HostRecord, StateStore
+from runner.rollout import PHASES, UNAVAILABLE, PolicyError, RolloutPolicy, policies, pool_of
+from runner.state import (
+    CLUSTER_SUBJECT,
+    ClusterRecord,
+    HistoryEntry,
+    HostRecord,
+    HostStatus,
+    RolloutRecord,
+    StateStore,
+)
 
 log = logging.getLogger("runner")
 
@@ -46,8 +63,6 @@ EXCLUDE_VARIABLE = "gpufleet_rollout_exclude"
 CLUSTER_VARIABLE = "k8s_manifests_apply"
 # The component name of the cluster side in drift, history and outcomes.
 CLUSTER_COMPONENT = "cluster"
-# Rollout phases a host passes through; the ones in UNAVAILABLE are out of service.
-UNAVAILABLE = ("cordoned", "drained", "applied", "halted")
 # Components whose drift is repaired only after a plan: putting them back can reload
 # the driver, lay out the GPUs anew or restart a container runtime (and with it the
 # node's workloads).
@@ -55,6 +70,15 @@ DISRUPTIVE_COMPONENTS = ("driver", "mig", "runtime_config")
 # Drift whose repair puts back what the last apply recorded and replaces nothing loaded:
 # applied even when the plan fails (the plan may fail on that very drift).
 REPAIRABLE_KINDS = ("file", "service")
+# Rollout phases of a host whose change is still on its way (halted ones wait for a
+# release, which plans them again).
+_ROLLING = tuple(phase for phase in PHASES if phase != "halted")
+
+__all__ = ["InventoryError", "PolicyError"]
+
+
+class InventoryError(PolicyError):
+    """The inventory sets a controller-side variable wrongly (a rollout policy)."""
 
 
 @dataclass
@@ -66,9 +90,11 @@ class Settings:
     backoff_base: float = 60.0
     backoff_cap: float = 3600.0
     quarantine_after: int = 5
-    # A host's whole playbook is planned at least this often even if nothing drifted
-    # (what the probe cannot see: a package a role installs but does not record).
+    # A host's whole playbook is planned once per this interval even if nothing
+    # drifted (what the probe cannot see: a package a role installs but does not
+    # record), each host at its own offset in it.
     full_check_interval: float = 86400.0
+    # The rollout policy of pools whose inventory sets none.
     max_parallel: int = 1
     max_unavailable: int = 1
     check_only: bool = False
@@ -118,26 +144,112 @@ class CycleReport:
     # The cluster side has drift or owed work this cycle did not apply (check mode).
     cluster_pending: bool = False
     cluster_failed: bool = False
+    # Pool -> where its rollout stands after this cycle, in words.
+    rollouts: dict[str, str] = field(default_factory=dict)
+    # When the next batch of a rollout may start (the loop's next cycle starts then
+    # rather than a whole interval later); None when no rollout has one to go.
+    next_batch_at: float | None = None
 
     def hosts_with(self, action: str) -> list[str]:
         return sorted(h for h, o in self.outcomes.items() if o.action == action)
 
 
+class Observer:
+    """What the loop tells those who watch it (metrics, logs). Each method does
+    nothing here; an observer overrides the ones it needs."""
+
+    def cycle_finished(self, report: CycleReport) -> None:
+        """A cycle ended (or was interrupted)."""
+
+    def hosts_acted(self, phase: str, count: int) -> None:
+        """`count` hosts were probed, planned or applied (`phase`)."""
+
+    def host_updated(self, record: HostRecord) -> None:
+        """A host's record was stored: its status, stages or rollout phase may differ."""
+
+    def host_forgotten(self, host: str) -> None:
+        """A host left the inventory; the state forgot it."""
+
+    def drift_found(self, item: Mapping[str, Any]) -> None:
+        """The probe found one difference from a record (a node's or the cluster's)."""
+
+    def component_changed(self, host: str, component: str, kind: str) -> None:
+        """An apply changed `component` on `host`: corrective or intentional."""
+
+    def host_quarantined(self, host: str) -> None:
+        """A host failed too often in a row and is left alone until released."""
+
+
+class Observers(Observer):
+    """Tells every one of `observers`, in order."""
+
+    def __init__(self, observers: Sequence[Observer] = ()) -> None:
+        self.observers = tuple(observers)
+
+    def cycle_finished(self, report: CycleReport) -> None:
+        for observer in self.observers:
+            observer.cycle_finished(report)
+
+    def hosts_acted(self, phase: str, count: int) -> None:
+        for observer in self.observers:
+            observer.hosts_acted(phase, count)
+
+    def host_updated(self, record: HostRecord) -> None:
+        for observer in self.observers:
+            observer.host_updated(record)
+
+    def host_forgotten(self, host: str) -> None:
+        for observer in self.observers:
+            observer.host_forgotten(host)
+
+    def drift_found(self, item: Mapping[str, Any]) -> None:
+        for observer in self.observers:
+            observer.drift_found(item)
+
+    def component_changed(self, host: str, component: str, kind: str) -> None:
+        for observer in self.observers:
+            observer.component_changed(host, component, kind)
+
+    def host_quarantined(self, host: str) -> None:
+        for observer in self.observers:
+            observer.host_quarantined(host)
+
+
+class LogObserver(Observer):
+    """Log lines for what an operator follows: repairs, changes and quarantines."""
+
+    def component_changed(self, host: str, component: str, kind: str) -> None:
+        verb = "repaired" if kind == "corrective" else "changed as desired"
+        log.info("%s: %s %s", host, component, verb)
+
+    def host_quarantined(self, host: str) -> None:
+        log.warning("%s: quarantined; once fixed: python -m runner release %s", host, host)
+
+
 @dataclass
 class _Cycle:
-    """What one cycle knows about its hosts, passed through a rollout."""
+    """One cycle's working memory, handed from phase to phase."""
 
-    records: Mapping[str, HostRecord]
-    hostvars: Mapping[str, Mapping[str, Any]]
-    desired: Mapping[str, str]
     report: CycleReport
+    hostvars: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    desired: Mapping[str, str] = field(default_factory=dict)
+    records: dict[str, HostRecord] = field(default_factory=dict)
+    policies: Mapping[str, RolloutPolicy] = field(default_factory=dict)
+    now: float = 0.0
     # The inventory applies the cluster side: every apply includes it.
     cluster: bool = False
+    due: list[str] = field(default_factory=list)
+    probes: dict[str, ProbeResult] = field(default_factory=dict)
+    # Host -> why it is to be planned (or applied straight away).
+    candidates: dict[str, list[str]] = field(default_factory=dict)
+    # Hosts whose Node labels the cluster side owes (with why), and whether it owes
+    # its objects.
+    owed: dict[str, list[str]] = field(default_factory=dict)
+    cluster_objects: bool = False
     # Hosts whose Node labels drifted this cycle (their repair is corrective).
     cluster_drifted: frozenset[str] = frozenset()
-
-
-Hook = Callable[[str, Any], None]
+    to_apply: list[str] = field(default_factory=list)
+    to_roll: list[str] = field(default_factory=list)
 
 
 def backoff_delay(failures: int, settings: Settings, rng: random.Random) -> float:
@@ -151,6 +263,24 @@ def _jitter(settings: Settings, rng: random.Random) -> float:
     return 1.0 + rng.uniform(-settings.jitter, settings.jitter)
 
 
+def full_check_offset(host: str, interval: float) -> float:
+    """A host's own place in the full-check interval: stable across restarts (a hash
+    of its name), spread evenly over the fleet."""
+    digest = hashlib.sha256(host.encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 * interval
+
+
+def full_check_due(host: str, last: float | None, now: float, interval: float) -> bool:
+    """Whether a host's periodic full check is due: once per interval, at the host's
+    offset in it (so hosts onboarded together do not all fall due together)."""
+    if last is None:
+        return True
+    if interval <= 0:
+        return True
+    offset = full_check_offset(host, interval)
+    return math.floor((now - offset) / interval) > math.floor((last - offset) / interval)
+
+
 class Reconciler:
     def __init__(
         self,
@@ -161,7 +291,7 @@ class Reconciler:
         sleep: Callable[[float], None] = time.sleep,
         rng: random.Random | None = None,
         stop: Stop | None = None,
-        hook: Hook | None = None,
+        observers: Sequence[Observer] = (),
     ) -> None:
         self.engine = engine
         self.store = store
@@ -170,8 +300,7 @@ class Reconciler:
         self.sleep = sleep
         self.rng = rng or random.Random()
         self.stop = stop or Stop()
-        # Observers (metrics) are told about cycles, drift, changes and host states.
-        self.hook = hook or (lambda _event, _data: None)
+        self.observe = Observers(observers)
         # host -> the desired state whose settings were found well-formed.
         self._settings_checked: dict[str, str] = {}
 
@@ -184,7 +313,11 @@ class Reconciler:
             if once or self.stop.requested:
                 return report
             delay = self.settings.interval * _jitter(self.settings, self.rng)
-            log.info("next cycle in %.0f s", delay)
+            if report.next_batch_at is not None:
+                delay = min(delay, max(0.0, report.next_batch_at - self.clock()))
+                log.info("next cycle (a rollout's next batch) in %.0f s", delay)
+            else:
+                log.info("next cycle in %.0f s", delay)
             # Sleep in short steps so that a stop request is honoured promptly.
             deadline = self.clock() + delay
             while not self.stop.requested and self.clock() < deadline:
@@ -193,54 +326,82 @@ class Reconciler:
                 return report
 
     def cycle(self) -> CycleReport:
-        report = CycleReport(started=self.clock())
+        work = _Cycle(CycleReport(started=self.clock()))
         try:
-            self._cycle(report)
+            if self._due(work):
+                self._probe(work)
+                if self._has_work(work):
+                    self._plan(work)
+                    self._apply(work)
+                    self._roll(work)
         finally:
-            report.finished = self.clock()
-            report.interrupted = self.stop.requested
-            self.hook("cycle", report)
-        return report
+            work.report.finished = self.clock()
+            work.report.interrupted = self.stop.requested
+            self.observe.cycle_finished(work.report)
+        return work.report
 
-    def _cycle(self, report: CycleReport) -> None:
+    # -- phase 1: which hosts are due --------------------------------------------
+
+    def _due(self, work: _Cycle) -> bool:
         hostvars = self.engine.inventory(self.settings.limit)
+        default = RolloutPolicy(self.settings.max_parallel, self.settings.max_unavailable)
+        try:
+            work.policies = policies(hostvars, default)
+        except PolicyError as err:
+            raise InventoryError(str(err)) from err
         if not self.settings.limit:
             for gone in self.store.forget_missing(list(hostvars)):
                 log.info("%s: no longer in the inventory; forgotten", gone)
-                self.hook("forgotten", gone)
-        desired = self.engine.desired_hashes(hostvars)
-        records = {host: self.store.host(host) for host in hostvars}
-        cluster_on = any(_truthy(v.get(CLUSTER_VARIABLE)) for v in hostvars.values())
-        now = self.clock()
-
-        due = []
-        for host, record in records.items():
-            if record.quarantined or (record.next_attempt and record.next_attempt > now):
-                self.hook("host", record)
+                self.observe.host_forgotten(gone)
+        work.hostvars = hostvars
+        work.desired = self.engine.desired_hashes(hostvars)
+        work.records = {host: self.store.host(host) for host in hostvars}
+        work.cluster = any(_truthy(v.get(CLUSTER_VARIABLE)) for v in hostvars.values())
+        work.now = self.clock()
+        report = work.report
+        for host, record in work.records.items():
+            backing_off = bool(record.next_attempt and record.next_attempt > work.now)
             if record.quarantined:
                 report.outcomes[host] = HostOutcome(host, "skipped", message="quarantined")
-            elif record.next_attempt and record.next_attempt > now:
-                wait = record.next_attempt - now
+            elif backing_off and record.next_attempt:
+                wait = record.next_attempt - work.now
                 report.outcomes[host] = HostOutcome(
                     host, "skipped", message=f"backing off ({wait:.0f} s left)"
                 )
             else:
-                due.append(host)
-        refused = self._refused_settings(due, desired)
+                work.due.append(host)
+                continue
+            self.observe.host_updated(record)
+        refused = self._refused_settings(work.due, work.desired)
         for host, reason in refused.items():
-            self._refuse(records[host], report, reason)
-        due = [host for host in due if host not in refused]
-        if not due:
-            return
+            self._refuse(work.records[host], report, reason)
+        work.due = [host for host in work.due if host not in refused]
+        return bool(work.due)
 
-        log.info("probing %d host(s)", len(due))
-        probes = self.engine.probe(due, cluster=cluster_on)
-        report.probed = len(due)
-        self.hook("phase", ("probe", len(due)))
-        candidates: dict[str, list[str]] = {}
-        for host in due:
-            probe = probes[host]
-            record = records[host]
+    def _refused_settings(self, hosts: list[str], desired: Mapping[str, str]) -> dict[str, str]:
+        """Hosts whose inventory settings a stage would refuse, and why.
+
+        Checked on the controller before the probe, and again only when a host's
+        desired state changed; a host refused is neither probed nor changed."""
+        unchecked = [h for h in hosts if self._settings_checked.get(h) != desired[h]]
+        if not unchecked:
+            return {}
+        refused = self.engine.check_settings(unchecked)
+        for host in unchecked:
+            if host not in refused:
+                self._settings_checked[host] = desired[host]
+        return refused
+
+    # -- phase 2: probe ----------------------------------------------------------
+
+    def _probe(self, work: _Cycle) -> None:
+        report = work.report
+        log.info("probing %d host(s)", len(work.due))
+        work.probes = self.engine.probe(work.due, cluster=work.cluster)
+        report.probed = len(work.due)
+        self.observe.hosts_acted("probe", len(work.due))
+        for host in work.due:
+            probe, record = work.probes[host], work.records[host]
             record.last_reconcile = self.clock()
             if not probe.reachable:
                 self._failed(record, report, "unreachable", probe.reason or "unreachable")
@@ -249,110 +410,33 @@ class Reconciler:
             record.drift = drift
             if drift:
                 self._drift_seen(record, drift)
-            reasons = self._reasons(record, probe, drift, desired[host], now)
+            reasons = self._reasons(record, probe, drift, work.desired[host], work.now)
             if reasons:
-                candidates[host] = reasons
+                work.candidates[host] = reasons
+                self.observe.host_updated(record)
             else:
-                record.status = _settled_status(record)
-                self.store.save(record)
                 report.outcomes[host] = HostOutcome(host, "probed")
-            self.hook("host", record)
-        owed: dict[str, list[str]] = {}
-        cluster_objects = False
-        if cluster_on:
-            reachable = [h for h in due if probes[h].reachable]
-            owed, cluster_objects = self._cluster_due(probes.get(CLUSTER_HOST), reachable, report)
-        cycle = _Cycle(
-            records,
-            hostvars,
-            desired,
-            report,
-            cluster=cluster_on,
-            cluster_drifted=frozenset(h for h, r in owed.items() if "cluster drift" in r),
-        )
-        if self.settings.check_only and (owed or cluster_objects):
+                self._save(record, status=_settled_status(record))
+        if work.cluster:
+            reachable = [h for h in work.due if work.probes[h].reachable]
+            work.owed, work.cluster_objects = self._cluster_due(
+                work.probes.get(CLUSTER_HOST), reachable, report
+            )
+            work.cluster_drifted = frozenset(
+                h for h, r in work.owed.items() if "cluster drift" in r
+            )
+        if self.settings.check_only and (work.owed or work.cluster_objects):
             report.cluster_pending = True
             report.cluster += "; would apply the cluster side" + (
-                f" (labels of {', '.join(sorted(owed))})" if owed else ""
+                f" (labels of {', '.join(sorted(work.owed))})" if work.owed else ""
             )
-        if (not candidates and not owed and not cluster_objects) or self.stop.requested:
-            for host in candidates:
-                self.store.save(records[host])
-            return
 
-        to_apply: list[str] = []
-        to_roll: list[str] = []
-        # The plan exists to find disruptive changes before they are made; hosts
-        # where none can be due are applied straight away (see _plan_needed).
-        unplanned = [
-            h
-            for h in sorted(candidates)
-            if not self._plan_needed(records[h], candidates[h], desired[h])
-        ]
-        for host in unplanned:
-            report.outcomes[host] = HostOutcome(host, "planned", reasons=candidates.pop(host))
-            to_apply.append(host)
-        if candidates:
-            log.info("planning %d host(s): %s", len(candidates), _reason_text(candidates))
-            plan = self.engine.converge(sorted(candidates), check=True)
-            report.planned = len(candidates)
-            self.hook("phase", ("plan", len(candidates)))
-        for host, reasons in sorted(candidates.items()):
-            record, run = records[host], plan.hosts[host]
-            outcome = HostOutcome(host, "planned", reasons=reasons)
-            outcome.pending = self._wanted(run.changed_components)
-            outcome.disruptive = run.disruptive
-            outcome.diffs = _diffs(run)
-            report.outcomes[host] = outcome
-            if not run.reachable or run.failures:
-                failure = "; ".join(run.failures)
-                if run.reachable and self._repairable_without_plan(record, reasons, desired[host]):
-                    # The plan broke on the drift itself (an apt sources file mangled
-                    # by hand breaks apt, and with it the plan): putting back what
-                    # the last apply recorded needs no plan, and is the way out.
-                    outcome.message = (
-                        f"plan failed ({failure}); the drift is only in files and services "
-                        "the last apply recorded: repaired without a plan"
-                    )
-                    to_apply.append(host)
-                    self.store.save(record)
-                    continue
-                self._failed(record, report, "plan", failure + _why_not_repaired(record), outcome)
-                continue
-            record.last_full_check = self.clock()
-            needs_apply = bool(outcome.pending) or "drift" in reasons or "no record" in reasons
-            if self.settings.check_only or not needs_apply:
-                if not needs_apply and run.failed_stage is None:
-                    # Nothing to change: the host already is what is desired.
-                    _settle(record, desired[host])
-                record.status = "drifted" if needs_apply else _status_from(run, record)
-                _take_stages(record, run)
-                self.store.save(record)
-                continue
-            if run.disruptive or record.rollout_phase in (*UNAVAILABLE, "queued"):
-                to_roll.append(host)
-            else:
-                to_apply.append(host)
-            self.store.save(record)
-
-        if not self.settings.check_only:
-            self._add_owed(owed, to_apply, to_roll, report)
-        apply_cluster = (
-            cluster_on and not self.settings.check_only and (bool(to_apply) or cluster_objects)
-        )
-        if (to_apply or apply_cluster) and not self.stop.requested:
-            log.info("applying to %d host(s): %s", len(to_apply), ", ".join(to_apply))
-            result = self.engine.converge(to_apply, check=False, cluster=cluster_on)
-            report.applied += len(to_apply)
-            self.hook("phase", ("apply", len(to_apply)))
-            for host in to_apply:
-                self._applied(records[host], result.hosts[host], desired[host], report)
-            if cluster_on:
-                self._cluster_applied(result.cluster, to_apply, cycle)
-        if to_roll:
-            self._rollout(to_roll, cycle)
-
-    # -- decisions ---------------------------------------------------------------
+    def _has_work(self, work: _Cycle) -> bool:
+        if (work.candidates or work.owed or work.cluster_objects) and not self.stop.requested:
+            return True
+        for host in work.candidates:
+            self._save(work.records[host])
+        return False
 
     def _relevant(self, probe: ProbeResult) -> list[dict[str, Any]]:
         wanted = self.settings.components
@@ -380,15 +464,110 @@ class Reconciler:
                 reasons.append("desired state changed")
             else:  # new to the state; a node with a record was converged before it
                 reasons.append("not in the state" if probe.recorded else "first run")
-        if record.consecutive_failures or record.status in ("failed", "reboot-required"):
+        if record.consecutive_failures or record.status in (
+            HostStatus.FAILED,
+            HostStatus.REBOOT_REQUIRED,
+        ):
             reasons.append("failed last time")
         if record.rollout_phase:
             reasons.append(f"rollout {record.rollout_phase}")
-        last = record.last_full_check
-        overdue = last is None or now - last >= self.settings.full_check_interval
-        if overdue and not reasons:
+        interval = self.settings.full_check_interval
+        if not reasons and full_check_due(record.name, record.last_full_check, now, interval):
             reasons.append("full check due")
         return reasons
+
+    def _drift_seen(self, record: HostRecord, drift: Sequence[Mapping[str, Any]]) -> None:
+        events = []
+        for item in drift:
+            summary = _drift_summary(item)
+            events.append(
+                HistoryEntry(self.clock(), record.name, "drift", item["component"], summary)
+            )
+            self.observe.drift_found(item)
+        self.store.record(events)
+
+    # -- phase 3: plan -----------------------------------------------------------
+
+    def _plan(self, work: _Cycle) -> None:
+        """Sort the candidates into those applied now and those rolled out, planning
+        (check mode) the ones whose change could disrupt their node."""
+        records, desired, report = work.records, work.desired, work.report
+        candidates = dict(work.candidates)
+        for host in sorted(candidates):
+            record = records[host]
+            if self._rolling_as_planned(record, desired[host]):
+                # In a rollout already, for this very desired state: planned when
+                # it joined; the rollout takes it on without planning it again.
+                report.outcomes[host] = HostOutcome(host, "planned", reasons=candidates.pop(host))
+                work.to_roll.append(host)
+            elif not self._plan_needed(record, candidates[host], desired[host]):
+                report.outcomes[host] = HostOutcome(host, "planned", reasons=candidates.pop(host))
+                work.to_apply.append(host)
+        if candidates:
+            log.info("planning %d host(s): %s", len(candidates), _reason_text(candidates))
+            plan = self.engine.converge(sorted(candidates), check=True)
+            report.planned = len(candidates)
+            self.observe.hosts_acted("plan", len(candidates))
+        for host, reasons in sorted(candidates.items()):
+            self._planned(work, records[host], plan.hosts[host], reasons)
+        if not self.settings.check_only:
+            self._add_owed(work)
+
+    def _planned(self, work: _Cycle, record: HostRecord, run: HostRun, reasons: list[str]) -> None:
+        host, desired = record.name, work.desired[record.name]
+        outcome = HostOutcome(host, "planned", reasons=reasons)
+        outcome.pending = self._wanted(run.changed_components)
+        outcome.disruptive = run.disruptive
+        outcome.diffs = _diffs(run)
+        work.report.outcomes[host] = outcome
+        if not run.reachable or run.failures:
+            failure = "; ".join(run.failures)
+            if run.reachable and self._repairable_without_plan(record, reasons, desired):
+                # The plan broke on the drift itself (an apt sources file mangled by
+                # hand breaks apt, and with it the plan): putting back what the last
+                # apply recorded needs no plan, and is the way out.
+                outcome.message = (
+                    f"plan failed ({failure}); the drift is only in files and services "
+                    "the last apply recorded: repaired without a plan"
+                )
+                work.to_apply.append(host)
+                self._save(record)
+                return
+            self._failed(record, work.report, "plan", failure + _why_not_repaired(record), outcome)
+            return
+        record.last_full_check = self.clock()
+        needs_apply = bool(outcome.pending) or "drift" in reasons or "no record" in reasons
+        if not self.settings.check_only and not needs_apply and record.rollout_phase:
+            if record.rollout_phase == "queued":
+                # Nothing left to change (put right by other means): out of the rollout.
+                record.rollout_pool, record.rollout_target = "", None
+                self._phase(record, None, "left the rollout: nothing to change any more")
+            elif record.rollout_phase in _ROLLING:
+                # Out of service already: the rollout brings it back (an apply that
+                # changes nothing, then the uncordon).
+                needs_apply = True
+        if self.settings.check_only or not needs_apply:
+            if not needs_apply and run.failed_stage is None:
+                # Nothing to change: the host already is what is desired.
+                _settle(record, desired)
+            _take_stages(record, run)
+            self._save(
+                record, status=HostStatus.DRIFTED if needs_apply else _status_from(run, record)
+            )
+            return
+        if run.disruptive or record.rollout_phase in PHASES:
+            record.rollout_target = desired
+            work.to_roll.append(host)
+        else:
+            work.to_apply.append(host)
+        self._save(record)
+
+    def _rolling_as_planned(self, record: HostRecord, desired: str) -> bool:
+        return (
+            not self.settings.check_only
+            and record.rollout_phase in _ROLLING
+            and record.rollout_target == desired
+        )
 
     def _plan_needed(self, record: HostRecord, reasons: Sequence[str], desired: str) -> bool:
         """Whether a candidate host must be planned before it is applied.
@@ -429,32 +608,18 @@ class Reconciler:
             and all(item.get("kind") in REPAIRABLE_KINDS for item in record.drift)
         )
 
-    def _drift_seen(self, record: HostRecord, drift: Sequence[Mapping[str, Any]]) -> None:
-        events = []
-        for item in drift:
-            summary = _drift_summary(item)
-            events.append(
-                HistoryEntry(self.clock(), record.name, "drift", item["component"], summary)
-            )
-            self.hook("drift", item)
-        self.store.record(events)
-
     # -- the cluster side --------------------------------------------------------
 
     @staticmethod
-    def _add_owed(
-        owed: Mapping[str, list[str]],
-        to_apply: list[str],
-        to_roll: Sequence[str],
-        report: CycleReport,
-    ) -> None:
+    def _add_owed(work: _Cycle) -> None:
         """Put the hosts whose Node labels the cluster side owes into this cycle's
         apply, unless something else already takes them or they failed: applying
         them changes nothing on the node (the probe found it as recorded) and
         relabels their Nodes."""
-        for host, reasons in sorted(owed.items()):
+        report = work.report
+        for host, reasons in sorted(work.owed.items()):
             known = report.outcomes.get(host)
-            if host in to_apply or host in to_roll:
+            if host in work.to_apply or host in work.to_roll:
                 continue
             if known is not None and known.action in ("failed", "skipped", "waiting"):
                 continue
@@ -462,7 +627,7 @@ class Reconciler:
                 known.reasons.extend(r for r in reasons if r not in known.reasons)
             else:
                 report.outcomes[host] = HostOutcome(host, "planned", reasons=reasons)
-            to_apply.append(host)
+            work.to_apply.append(host)
 
     def _cluster_due(
         self, probe: ProbeResult | None, reachable: Sequence[str], report: CycleReport
@@ -497,7 +662,7 @@ class Reconciler:
                 events.append(
                     HistoryEntry(self.clock(), CLUSTER_SUBJECT, "drift", CLUSTER_COMPONENT, summary)
                 )
-            self.hook("drift", item)
+            self.observe.drift_found(item)
         state.drift = list(probe.drift)
         if probe.drift:
             state.status = "drifted"
@@ -511,10 +676,10 @@ class Reconciler:
         self.store.save_cluster(state, events)
         return owed, objects
 
-    def _cluster_applied(self, run: HostRun | None, hosts: Sequence[str], cycle: _Cycle) -> None:
+    def _cluster_applied(self, run: HostRun | None, hosts: Sequence[str], work: _Cycle) -> None:
         """Record the cluster side's part of an apply that included it."""
         state = self.store.cluster()
-        report = cycle.report
+        report = work.report
         if run is None or not run.succeeded:
             reason = "; ".join(run.failures) if run else "the cluster side did not run"
             state.status, state.reason = "failed", reason
@@ -538,7 +703,7 @@ class Reconciler:
             events.append(
                 HistoryEntry(self.clock(), CLUSTER_SUBJECT, kind, CLUSTER_COMPONENT, summary)
             )
-            for host in sorted(cycle.cluster_drifted & set(hosts)):
+            for host in sorted(work.cluster_drifted & set(hosts)):
                 events.append(
                     HistoryEntry(self.clock(), host, "corrective", CLUSTER_COMPONENT, "Node labels")
                 )
@@ -556,7 +721,25 @@ class Reconciler:
         )
         self.store.save_cluster(state, events)
 
-    # -- applying ----------------------------------------------------------------
+    # -- phase 4: apply ----------------------------------------------------------
+
+    def _apply(self, work: _Cycle) -> None:
+        """Apply to the hosts whose changes disrupt nothing (and the cluster side)."""
+        apply_cluster = (
+            work.cluster
+            and not self.settings.check_only
+            and (bool(work.to_apply) or work.cluster_objects)
+        )
+        if not (work.to_apply or apply_cluster) or self.stop.requested:
+            return
+        log.info("applying to %d host(s): %s", len(work.to_apply), ", ".join(work.to_apply))
+        result = self.engine.converge(work.to_apply, check=False, cluster=work.cluster)
+        work.report.applied += len(work.to_apply)
+        self.observe.hosts_acted("apply", len(work.to_apply))
+        for host in work.to_apply:
+            self._applied(work.records[host], result.hosts[host], work.desired[host], work.report)
+        if work.cluster:
+            self._cluster_applied(result.cluster, work.to_apply, work)
 
     def _applied(self, record: HostRecord, run: HostRun, desired: str, report: CycleReport) -> None:
         outcome = report.outcomes.setdefault(record.name, HostOutcome(record.name, "applied"))
@@ -568,7 +751,7 @@ class Reconciler:
             reason = "; ".join(run.failures) or (failed[1] if failed else "")
             # A node waiting for a reboot is not broken: it backs off (nothing will
             # change before the reboot) but is never quarantined for it.
-            waiting = not run.failures and _status_from(run, record) == "reboot-required"
+            waiting = not run.failures and _status_from(run, record) == HostStatus.REBOOT_REQUIRED
             # A node lost in the middle of the run is unreachable, as a probe finds it.
             stage = "unreachable" if not run.reachable else failed[0] if failed else "apply"
             self._failed(
@@ -577,7 +760,7 @@ class Reconciler:
                 stage,
                 reason,
                 outcome,
-                status="reboot-required" if waiting else "failed",
+                status=HostStatus.REBOOT_REQUIRED if waiting else HostStatus.FAILED,
             )
             return
         drifted = {d["component"] for d in record.drift}
@@ -590,41 +773,39 @@ class Reconciler:
             tasks = sorted({c.task for c in run.changes if c.component == component})
             summary = f"{len(tasks)} task(s) changed: " + "; ".join(tasks)
             events.append(HistoryEntry(self.clock(), record.name, kind, component, summary))
-            self.hook(kind, (record.name, component))
+            self.observe.component_changed(record.name, component, kind)
         if run.changes:
             record.last_change = self.clock()
         _settle(record, desired)
-        record.status = _status_from(run, record)
         record.last_full_check = self.clock()
+        self._save(record, events, status=_status_from(run, record))
+
+    # -- host records ------------------------------------------------------------
+
+    def _save(
+        self,
+        record: HostRecord,
+        events: Sequence[HistoryEntry] = (),
+        status: HostStatus | None = None,
+    ) -> None:
+        """The one place a host's record is stored (and its status set): observers
+        hear of every change."""
+        if status is not None:
+            record.status = status
         self.store.save(record, events)
-        self.hook("host", record)
-
-    def _refused_settings(self, hosts: list[str], desired: dict[str, str]) -> dict[str, str]:
-        """Hosts whose inventory settings a stage would refuse, and why.
-
-        Checked on the controller before the probe, and again only when a host's
-        desired state changed; a host refused is neither probed nor changed."""
-        unchecked = [h for h in hosts if self._settings_checked.get(h) != desired[h]]
-        if not unchecked:
-            return {}
-        refused = self.engine.check_settings(unchecked)
-        for host in unchecked:
-            if host not in refused:
-                self._settings_checked[host] = desired[host]
-        return refused
+        self.observe.host_updated(record)
 
     def _refuse(self, record: HostRecord, report: CycleReport, reason: str) -> None:
         """The inventory is wrong, not the node: no backoff, no quarantine; said once."""
         events = []
-        if (record.status, record.reason) != ("refused", reason):
+        if (record.status, record.reason) != (HostStatus.REFUSED, reason):
             events.append(HistoryEntry(self.clock(), record.name, "failure", "settings", reason))
             log.warning("%s: settings refused, the node is left alone: %s", record.name, reason)
-        record.status, record.failed_stage, record.reason = "refused", "settings", reason
+        record.failed_stage, record.reason = "settings", reason
         report.outcomes[record.name] = HostOutcome(
             record.name, "failed", message=f"settings refused, node left alone: {reason}"
         )
-        self.store.save(record, events)
-        self.hook("host", record)
+        self._save(record, events, status=HostStatus.REFUSED)
 
     def _failed(
         self,
@@ -633,18 +814,20 @@ class Reconciler:
         stage: str,
         reason: str,
         outcome: HostOutcome | None = None,
-        status: str = "failed",
+        status: HostStatus = HostStatus.FAILED,
     ) -> None:
+        if stage == "unreachable":
+            status = HostStatus.UNREACHABLE
         record.consecutive_failures += 1
         record.last_reconcile = self.clock()
-        record.status = "unreachable" if stage == "unreachable" else status
         record.failed_stage = stage
         record.reason = reason
         delay = backoff_delay(record.consecutive_failures, self.settings, self.rng)
         record.next_attempt = self.clock() + delay
         events = [HistoryEntry(self.clock(), record.name, "failure", stage, reason)]
-        if record.consecutive_failures >= self.settings.quarantine_after and (
-            record.status != "reboot-required"
+        if (
+            record.consecutive_failures >= self.settings.quarantine_after
+            and status != HostStatus.REBOOT_REQUIRED
         ):
             record.quarantined = True
             events.append(
@@ -657,58 +840,93 @@ class Reconciler:
                     f"{reason}; once it is fixed: python -m runner release {record.name}",
                 )
             )
-            self.hook("quarantine", record.name)
+            self.observe.host_quarantined(record.name)
         outcome = outcome or HostOutcome(record.name, "failed")
-        outcome.action = "waiting" if record.status == "reboot-required" else "failed"
+        outcome.action = "waiting" if status == HostStatus.REBOOT_REQUIRED else "failed"
         outcome.message = f"{stage}: {reason}; next attempt in {delay:.0f} s" + (
             " (quarantined)" if record.quarantined else ""
         )
         report.outcomes[record.name] = outcome
-        self.store.save(record, events)
-        self.hook("host", record)
+        self._save(record, events, status=status)
 
-    # -- disruptive rollouts -----------------------------------------------------
+    # -- phase 5: roll disruptive changes out --------------------------------------
 
-    def _rollout(self, hosts: Sequence[str], cycle: _Cycle) -> None:
-        records, hostvars, report = cycle.records, cycle.hostvars, cycle.report
-        queue = []
+    def _roll(self, work: _Cycle) -> None:
+        """Move each pool's rollout one batch forward."""
+        pools: dict[str, list[str]] = {}
+        for host in work.to_roll:
+            record = work.records[host]
+            if _truthy(work.hostvars[host].get(EXCLUDE_VARIABLE)):
+                record.reason = f"disruptive change pending; {EXCLUDE_VARIABLE} is set"
+                work.report.outcomes[host].message = record.reason
+                self._save(record, status=HostStatus.EXCLUDED)
+                continue
+            pool = record.rollout_pool or pool_of(work.hostvars[host])
+            pools.setdefault(pool, []).append(host)
+        for pool, hosts in sorted(pools.items()):
+            if self.stop.requested:
+                return
+            self._advance(pool, hosts, work)
+
+    def _advance(self, pool: str, hosts: Sequence[str], work: _Cycle) -> None:
+        records, report = work.records, work.report
+        policy = work.policies.get(pool) or RolloutPolicy(
+            self.settings.max_parallel, self.settings.max_unavailable
+        )
+        rollout = self.store.rollouts().get(pool)
+        if rollout is None or rollout.finished is not None:
+            rollout = RolloutRecord(pool, started=self.clock())
+            log.info("rollout of pool %s starts", pool)
         for host in hosts:
             record = records[host]
-            if _truthy(hostvars[host].get(EXCLUDE_VARIABLE)):
-                record.status = "excluded"
-                record.reason = f"disruptive change pending; {EXCLUDE_VARIABLE} is set"
-                self.store.save(record)
-                report.outcomes[host].message = record.reason
-                continue
             if record.rollout_phase is None:
-                record.rollout_phase = "queued"
+                record.rollout_pool = pool
                 self._phase(record, "queued", "disruptive change planned")
-            queue.append(host)
-        halted = [h for h, r in self.store.hosts().items() if r.rollout_phase == "halted"]
-        if halted:
-            log.warning("rollout halted by %s; release the host(s) to go on", ", ".join(halted))
+            elif record.rollout_pool != pool:  # phases set before pools existed
+                record.rollout_pool = pool
+                self._save(record)
+        members = {h: r for h, r in self.store.hosts().items() if r.rollout_pool == pool}
+        halted = sorted(h for h, r in members.items() if r.rollout_phase == "halted")
+        # Hosts already out of service first (a restarted reconciler resumes them).
+        queue = sorted(hosts, key=lambda h: (records[h].rollout_phase == "queued", h))
+        busy = [h for h, r in members.items() if r.rollout_phase in UNAVAILABLE and h not in queue]
+        size = min(policy.max_parallel, policy.max_unavailable - len(busy))
+        wait = (rollout.last_batch or 0.0) + policy.pause - self.clock()
+        if len(halted) >= policy.max_failures:
+            why = f"halted by {', '.join(halted)}; release the host(s) to go on"
+            log.warning("rollout of pool %s %s", pool, why)
+        elif wait > 0:
+            why = f"pauses between batches; the next in {wait:.0f} s"
+            report.next_batch_at = _earliest(report.next_batch_at, self.clock() + wait)
+        elif size <= 0:
+            why = f"waits: {len(busy)} host(s) out of service"
+            log.info("rollout of pool %s %s", pool, why)
+        else:
+            why = ""
+        if why:
             for host in queue:
-                report.outcomes[host].message = f"rollout halted by {', '.join(halted)}"
+                report.outcomes[host].message = f"rollout {why}"
+            report.rollouts[pool] = _rollout_text(rollout, members, why)
+            self.store.save_rollout(rollout)
             return
-        # Hosts already out of service (a restarted reconciler resumes them first).
-        queue.sort(key=lambda h: (records[h].rollout_phase == "queued", h))
-        while queue and not self.stop.requested:
-            busy = [
-                h
-                for h, r in self.store.hosts().items()
-                if r.rollout_phase in UNAVAILABLE and h not in queue
-            ]
-            room = self.settings.max_unavailable - len(busy)
-            size = min(self.settings.max_parallel, room)
-            if size <= 0:
-                log.info("rollout waits: %d host(s) out of service", len(busy))
-                return
-            batch, queue = queue[:size], queue[size:]
-            if not self._roll_batch(batch, cycle):
-                return
+        batch, rest = queue[:size], queue[size:]
+        rollout.done.extend(self._roll_batch(batch, work))
+        rollout.last_batch = self.clock()
+        members = {h: r for h, r in self.store.hosts().items() if r.rollout_pool == pool}
+        if not any(r.rollout_phase for r in members.values()):
+            rollout.finished = self.clock()
+            log.info("rollout of pool %s done: %d host(s)", pool, len(rollout.done))
+        elif rest:
+            report.next_batch_at = _earliest(report.next_batch_at, self.clock() + policy.pause)
+        for host in rest:
+            report.outcomes[host].message = "rollout: queued for a later batch"
+        report.rollouts[pool] = _rollout_text(rollout, members, "")
+        self.store.save_rollout(rollout)
 
-    def _roll_batch(self, batch: Sequence[str], cycle: _Cycle) -> bool:
-        records, hostvars, report = cycle.records, cycle.hostvars, cycle.report
+    def _roll_batch(self, batch: Sequence[str], work: _Cycle) -> list[str]:
+        """Take one batch through cordon, drain, apply and uncordon; returns the
+        hosts it finished (a host that fails halts, cordoned)."""
+        records, hostvars, report = work.records, work.hostvars, work.report
         log.info("rolling out to %s", ", ".join(batch))
         nodes = [h for h in batch if _truthy(hostvars[h].get(CLUSTER_VARIABLE))]
         for action, before, after in (
@@ -724,10 +942,10 @@ class Reconciler:
                 failure = "; ".join(run.failures)
                 if not run.succeeded and action == "drain" and _blocked_by_budget(failure):
                     self._drain_blocked(records[host], failure, report)
-                    return False
+                    return []
                 if not run.succeeded:
                     self._halt(records[host], f"{action} failed: {failure}", report)
-                    return False
+                    return []
                 if action == "cordon" and run.action_changed is False:
                     # Cordoned by someone else before the rollout: it stays so after.
                     records[host].keep_cordoned = True
@@ -736,66 +954,79 @@ class Reconciler:
             if records[host].rollout_phase == "queued":
                 # Not a Kubernetes node: nothing to cordon, but out of service now.
                 self._phase(records[host], "cordoned", "out of service for the change")
-        result = self.engine.converge(list(batch), check=False, cluster=cycle.cluster)
+        result = self.engine.converge(list(batch), check=False, cluster=work.cluster)
         report.applied += len(batch)
-        self.hook("phase", ("apply", len(batch)))
-        if cycle.cluster:
-            self._cluster_applied(result.cluster, batch, cycle)
-        ok = True
+        self.observe.hosts_acted("apply", len(batch))
+        if work.cluster:
+            self._cluster_applied(result.cluster, batch, work)
+        applied = []
         for host in batch:
             record = records[host]
             run = result.hosts[host]
-            self._applied(record, run, cycle.desired[host], report)
+            self._applied(record, run, work.desired[host], report)
             report.outcomes[host].action = "rolled-out"
-            if not run.succeeded:
-                self._halt(record, record.reason, report)
-                ok = False
-            else:
+            if run.succeeded:
                 self._phase(record, "applied", "change applied and validated")
-        if not ok:
-            return False
-        uncordon = [h for h in nodes if not records[h].keep_cordoned]
+                applied.append(host)
+            else:
+                self._halt(record, record.reason, report)
+        uncordon = [h for h in applied if h in nodes and not records[h].keep_cordoned]
         if uncordon:
             result = self.engine.node_action("uncordon", uncordon)
             for host in uncordon:
                 if not result.hosts[host].succeeded:
                     self._halt(records[host], "uncordon failed", report)
-                    return False
-        for host in batch:
+                    applied.remove(host)
+        for host in applied:
             kept = records[host].keep_cordoned
             records[host].keep_cordoned = False
+            records[host].rollout_target = None
+            records[host].rollout_pool = ""
             self._phase(
                 records[host], None, "done; left cordoned as it was before" if kept else "done"
             )
-        return True
+        return applied
 
     def _phase(self, record: HostRecord, phase: str | None, summary: str) -> None:
         record.rollout_phase = phase
         record.rollout_reason = "" if phase != "halted" else record.rollout_reason
         event = HistoryEntry(self.clock(), record.name, "rollout", phase or "done", summary)
-        self.store.save(record, [event])
-        self.hook("rollout", record)
+        self._save(record, [event])
 
     def _drain_blocked(self, record: HostRecord, reason: str, report: CycleReport) -> None:
         """A PodDisruptionBudget refused an eviction: the node stays cordoned, the
         rollout waits (no release needed) and the next cycle drains again."""
         record.rollout_reason = f"drain blocked: {reason}"
-        self.store.save(
-            record, [HistoryEntry(self.clock(), record.name, "rollout", "drain-blocked", reason)]
-        )
+        event = HistoryEntry(self.clock(), record.name, "rollout", "drain-blocked", reason)
+        self._save(record, [event])
         report.outcomes[
             record.name
         ].message = f"rollout waits, node cordoned; drain blocked: {reason}; retried next cycle"
-        self.hook("rollout", record)
 
     def _halt(self, record: HostRecord, reason: str, report: CycleReport) -> None:
         record.rollout_reason = reason
         record.rollout_phase = "halted"
-        self.store.save(
-            record, [HistoryEntry(self.clock(), record.name, "rollout", "halted", reason)]
-        )
+        self._save(record, [HistoryEntry(self.clock(), record.name, "rollout", "halted", reason)])
         report.outcomes[record.name].message = f"rollout halted: {reason}"
-        self.hook("rollout", record)
+
+
+def _earliest(current: float | None, candidate: float) -> float:
+    return candidate if current is None else min(current, candidate)
+
+
+def _rollout_text(rollout: RolloutRecord, members: Mapping[str, HostRecord], why: str) -> str:
+    """Where a pool's rollout stands, e.g. "2 done, 1 in flight, 3 queued"."""
+    phases = [r.rollout_phase for r in members.values()]
+    counts = [
+        (len(rollout.done), "done"),
+        (sum(p in UNAVAILABLE and p != "halted" for p in phases), "in flight"),
+        (phases.count("queued"), "queued"),
+        (phases.count("halted"), "halted"),
+    ]
+    text = ", ".join(f"{n} {what}" for n, what in counts if n or what == "done")
+    if rollout.finished is not None:
+        text += "; finished"
+    return f"{text}; {why}" if why else text
 
 
 def release(store: StateStore, host: str, clock: Callable[[], float] = time.time) -> HostRecord:
@@ -809,6 +1040,7 @@ def release(store: StateStore, host: str, clock: Callable[[], float] = time.time
         # still disruptive, cordons (a no-op when still cordoned) and drains it.
         record.rollout_phase = "queued"
         record.rollout_reason = ""
+        record.rollout_target = None
     store.save(record, [HistoryEntry(clock(), host, "release", "", "released by operator")])
     return record
 
@@ -830,15 +1062,15 @@ def _take_stages(record: HostRecord, run: HostRun) -> None:
         record.mig_layout = str(mig.get("config") or "") if mig.get("status") == "ready" else ""
 
 
-def _status_from(run: HostRun, record: HostRecord) -> str:
+def _status_from(run: HostRun, record: HostRecord) -> HostStatus:
     statuses = [str(o.get("status")) for o in run.stages.values()]
     if "reboot-required" in statuses:
-        return "reboot-required"
+        return HostStatus.REBOOT_REQUIRED
     if statuses and all(s == "not-a-gpu-node" for s in statuses):
-        return "not-a-gpu-node"
+        return HostStatus.NOT_A_GPU_NODE
     if run.failed_stage:
-        return "failed"
-    return "converged" if run.stages or record.stages else record.status
+        return HostStatus.FAILED
+    return HostStatus.CONVERGED if run.stages or record.stages else record.status
 
 
 def _why_not_repaired(record: HostRecord) -> str:
@@ -855,11 +1087,11 @@ def _why_not_repaired(record: HostRecord) -> str:
     )
 
 
-def _settled_status(record: HostRecord) -> str:
+def _settled_status(record: HostRecord) -> HostStatus:
     """The status of a host whose probe found nothing to do."""
     if record.stages and all(s == "not-a-gpu-node" for s in record.stages.values()):
-        return "not-a-gpu-node"
-    return "converged"
+        return HostStatus.NOT_A_GPU_NODE
+    return HostStatus.CONVERGED
 
 
 def _diffs(run: HostRun) -> dict[str, list[str]]:

@@ -22,10 +22,11 @@ import sqlite3
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 DATABASE_NAME = "state.db"
 DEFAULT_HISTORY_LIMIT = 5000
 
@@ -75,12 +76,46 @@ CREATE TABLE cluster (
 _SCHEMA_3 = """
 ALTER TABLE hosts ADD COLUMN mig_layout TEXT NOT NULL DEFAULT '';
 """
+# Schema 4: rollouts that advance a batch per cycle. A host in one remembers its pool
+# and the desired state its change was planned for; each pool's rollout keeps when
+# it started and finished, when its last batch ended and the hosts it has done.
+_SCHEMA_4 = """
+ALTER TABLE hosts ADD COLUMN rollout_pool TEXT NOT NULL DEFAULT '';
+ALTER TABLE hosts ADD COLUMN rollout_target TEXT;
+CREATE TABLE rollouts (
+    pool TEXT PRIMARY KEY,
+    started REAL NOT NULL,
+    finished REAL,
+    last_batch REAL,
+    done TEXT NOT NULL DEFAULT '[]'
+);
+UPDATE hosts SET rollout_pool = 'all' WHERE rollout_phase IS NOT NULL;
+"""
 # From schema N to N + 1; a new database runs all of them after _SCHEMA.
-_MIGRATIONS = {1: _SCHEMA_2, 2: _SCHEMA_3}
+_MIGRATIONS = {1: _SCHEMA_2, 2: _SCHEMA_3, 3: _SCHEMA_4}
 
 
 class StateError(Exception):
     """The state database cannot be used; the message says why and what to do."""
+
+
+class HostStatus(StrEnum):
+    """Where a host is, as the last cycle that looked at it found it."""
+
+    CONVERGED = "converged"
+    # Drift or a change is pending (a check-only cycle found it, or it waits for a
+    # rollout).
+    DRIFTED = "drifted"
+    FAILED = "failed"
+    # Its inventory settings are refused: the node is left alone until they are fixed.
+    REFUSED = "refused"
+    UNREACHABLE = "unreachable"
+    REBOOT_REQUIRED = "reboot-required"
+    NOT_A_GPU_NODE = "not-a-gpu-node"
+    # A disruptive change is pending, but gpufleet_rollout_exclude keeps it out.
+    EXCLUDED = "excluded"
+    # Never reconciled.
+    PENDING = "pending"
 
 
 @dataclass
@@ -88,9 +123,7 @@ class HostRecord:
     """What the runner knows about one host."""
 
     name: str
-    # converged | drifted | failed | refused (its inventory settings) | unreachable
-    # | reboot-required | not-a-gpu-node | pending (never reconciled) | excluded
-    status: str = "unknown"
+    status: HostStatus = HostStatus.PENDING
     # Hash of the desired state (inventory variables + project files) that the last
     # successful apply reached; None until one has.
     desired_hash: str | None = None
@@ -106,9 +139,13 @@ class HostRecord:
     consecutive_failures: int = 0
     next_attempt: float | None = None
     quarantined: bool = False
-    # Disruptive rollout: None, or queued | cordoned | drained | applied | done | halted.
+    # Disruptive rollout: None, or queued | cordoned | drained | applied | halted.
     rollout_phase: str | None = None
     rollout_reason: str = ""
+    # The pool whose rollout the host is in, and the desired state its change was
+    # planned for (the host is planned again only when that changes).
+    rollout_pool: str = ""
+    rollout_target: str | None = None
     # The host's Node was already cordoned (by someone else) when its rollout began:
     # the rollout leaves it cordoned.
     keep_cordoned: bool = False
@@ -131,6 +168,20 @@ class ClusterRecord:
     owed_hosts: list[str] = field(default_factory=list)
     owed_objects: bool = False
     last_apply: float | None = None
+
+
+@dataclass
+class RolloutRecord:
+    """One pool's rollout: it starts when a host of the pool is queued and finishes
+    when none is left in it (queued, out of service or halted)."""
+
+    pool: str
+    started: float
+    finished: float | None = None
+    # When its last batch ended (the pause between batches counts from there).
+    last_batch: float | None = None
+    # Hosts it has taken through, in order.
+    done: list[str] = field(default_factory=list)
 
 
 # The name the cluster side's history entries carry in place of a host.
@@ -157,6 +208,7 @@ def _row_to_host(row: sqlite3.Row) -> HostRecord:
         values[key] = json.loads(values[key])
     values["quarantined"] = bool(values["quarantined"])
     values["keep_cordoned"] = bool(values["keep_cordoned"])
+    values["status"] = HostStatus(values["status"])
     return HostRecord(**values)
 
 
@@ -264,7 +316,7 @@ class StateStore:
 
     def host(self, name: str) -> HostRecord:
         row = self.db.execute("SELECT * FROM hosts WHERE name = ?", (name,)).fetchone()
-        return _row_to_host(row) if row else HostRecord(name=name, status="pending")
+        return _row_to_host(row) if row else HostRecord(name=name)
 
     def save(self, record: HostRecord, events: Sequence[HistoryEntry] = ()) -> None:
         """Store one host's record and its history entries in one transaction."""
@@ -313,6 +365,25 @@ class StateStore:
                 f"INSERT OR REPLACE INTO cluster (id, {columns}) VALUES (1, {marks})", values
             )
             self._append(events)
+
+    # -- rollouts ----------------------------------------------------------------
+
+    def rollouts(self) -> dict[str, RolloutRecord]:
+        rows = self.db.execute("SELECT * FROM rollouts ORDER BY pool").fetchall()
+        found = {}
+        for row in rows:
+            values = dict(row)
+            values["done"] = json.loads(values["done"])
+            found[row["pool"]] = RolloutRecord(**values)
+        return found
+
+    def save_rollout(self, record: RolloutRecord) -> None:
+        values = asdict(record)
+        values["done"] = json.dumps(values["done"])
+        columns = ", ".join(values)
+        marks = ", ".join(f":{key}" for key in values)
+        with _transaction(self.db):
+            self.db.execute(f"INSERT OR REPLACE INTO rollouts ({columns}) VALUES ({marks})", values)
 
     # -- history -----------------------------------------------------------------
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ import pytest
 from runner import __version__, cli
 from runner.lock import InventoryLock
 from runner.reconcile import CycleReport, HostOutcome
-from runner.state import HistoryEntry, HostRecord, StateStore, state_dir_for
+from runner.state import HistoryEntry, HostRecord, RolloutRecord, StateStore, state_dir_for
 
 PROJECT = Path(__file__).resolve().parents[2]
 EMPTY_INVENTORY = str(PROJECT / "inventories" / "none.yml")
@@ -96,6 +97,34 @@ def test_parallel_beyond_unavailable_is_refused(capsys, state):
     assert code == cli.Exit.USAGE
     assert "--max-parallel 3 exceeds --max-unavailable 2" in err
     assert not state.exists()
+
+
+def test_json_is_one_cycles_report(capsys, state):
+    argv = ["reconcile", "-i", EMPTY_INVENTORY, "--state-dir", str(state), "--json"]
+    code, _, err = run(capsys, *argv)
+    assert code == cli.Exit.USAGE
+    assert "--json prints one cycle's report: use it with --once" in err
+    code, out, _ = run(capsys, *argv, "--once")
+    assert code == cli.Exit.OK
+    report = json.loads(out)
+    assert (report["probed"], report["outcomes"], report["rollouts"]) == (0, {}, {})
+    assert report["finished"] >= report["started"] > 0
+
+
+def test_a_wrong_rollout_policy_in_the_inventory_is_refused_naming_it(capsys, state, tmp_path):
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(
+        "all:\n  hosts:\n    gpu-1:\n      ansible_host: 192.0.2.1\n"
+        "      gpufleet_rollout_max_unavailable: 0\n"
+    )
+    code, _, err = run(
+        capsys, "reconcile", "--once", "-i", str(inventory), "--state-dir", str(state)
+    )
+    assert code == cli.Exit.USAGE
+    assert (
+        "gpufleet_rollout_max_unavailable on host gpu-1: expected a positive integer, got 0"
+    ) in err
+    assert not (state_dir_for(state, str(inventory)) / "ansible").exists(), "no playbook ran"
 
 
 def test_missing_inventory_is_refused(capsys, state, monkeypatch):
@@ -228,6 +257,12 @@ def _seed(state: Path) -> None:
                 consecutive_failures=1,
             )
         )
+        # Pool train's driver rollout: gpu-a done, gpu-e out of service, gpu-f next.
+        store.save_rollout(RolloutRecord("train", started=time.time() - 600, done=["gpu-a"]))
+        for name, phase in (("gpu-e", "drained"), ("gpu-f", "queued")):
+            store.save(
+                HostRecord(name, status="converged", rollout_phase=phase, rollout_pool="train")
+            )
 
 
 def test_status_shows_each_host_state_in_words(capsys, state):
@@ -240,6 +275,11 @@ def test_status_shows_each_host_state_in_words(capsys, state):
     assert "quarantined (toolkit: nvidia-ctk missing)" in lines["gpu-b"]
     assert "drifted (runtime_config)" in lines["gpu-c"]
     assert "reboot-required (driver: nouveau holds the GPUs; reboot the node)" in lines["gpu-d"]
+    assert "converged; rollout drained" in lines["gpu-e"]
+    assert (
+        "rollout of pool train (started 10m ago): 1 done; in flight 1: gpu-e drained; "
+        "queued 1: gpu-f"
+    ) in out.splitlines()
     code, out, _ = run(capsys, "status", "--json", "-i", EMPTY_INVENTORY, "--state-dir", str(state))
     hosts = {h["name"]: h for h in json.loads(out)}
     assert hosts["gpu-b"]["quarantined"] is True

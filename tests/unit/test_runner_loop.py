@@ -18,7 +18,16 @@ from typing import Any
 import pytest
 
 from runner.engine import CLUSTER_HOST, STAGES, Change, HostRun, ProbeResult, RunResult
-from runner.reconcile import Reconciler, Settings, Stop, _drift_summary, backoff_delay, release
+from runner.reconcile import (
+    InventoryError,
+    Observers,
+    Reconciler,
+    Settings,
+    Stop,
+    _drift_summary,
+    backoff_delay,
+    release,
+)
 from runner.state import StateStore
 
 READY = {stage: {"status": "ready"} for stage in STAGES}
@@ -576,17 +585,26 @@ def test_quarantine_after_n_failures_until_released(store: StateStore) -> None:
     assert not store.host("a").quarantined
 
 
-def test_full_check_is_due_after_its_interval(store: StateStore) -> None:
-    reconciler, engine, clock = converged(store, "a")
+def test_full_checks_fall_due_once_an_interval_each_host_at_its_own_time(
+    store: StateStore,
+) -> None:
+    """Hosts onboarded together are fully checked once per interval, but not all in
+    the same cycle: each at its own offset, the same one interval after interval."""
+    reconciler, engine, clock = converged(store, "a", "b", "c", "d")
     reconciler.settings.full_check_interval = 3600
-    clock.now += 3599
-    reconciler.cycle()
-    assert engine.acted_on("plan") == []
-    clock.now += 2
-    report = reconciler.cycle()
-    assert engine.acted_on("plan") == ["a"]
-    assert report.outcomes["a"].reasons == ["full check due"]
+    checked: dict[str, list[float]] = {}
+    for _ in range(2 * 3600 // 60):
+        clock.now += 60
+        engine.calls.clear()
+        report = reconciler.cycle()
+        for host in engine.acted_on("plan"):
+            assert report.outcomes[host].reasons == ["full check due"]
+            checked.setdefault(host, []).append(clock.now)
     assert engine.acted_on("apply") == [], "nothing to change, nothing applied"
+    assert sorted(checked) == ["a", "b", "c", "d"]
+    assert all(len(times) == 2 for times in checked.values()), checked
+    assert all(later - first == 3600 for first, later in checked.values()), checked
+    assert len({times[0] for times in checked.values()}) > 1, "not all in one cycle"
 
 
 def test_loop_sleeps_the_jittered_interval_and_stops_on_request(store: StateStore) -> None:
@@ -621,13 +639,22 @@ def test_stop_during_a_batch_finishes_it_and_starts_no_other(store: StateStore) 
     assert store.host("b").rollout_phase == "queued", "b waits, its phase persisted"
 
 
-def test_disruptive_changes_roll_one_batch_at_a_time(store: StateStore) -> None:
+def applies(engine: FakeEngine) -> list[tuple[str, ...]]:
+    return [hosts for call, hosts in engine.calls if call == "apply"]
+
+
+def test_disruptive_changes_roll_one_batch_a_cycle(store: StateStore) -> None:
     reconciler, engine, _ = converged(store, "a", "b", "c")
     reconciler.settings.max_parallel = reconciler.settings.max_unavailable = 2
     upgrade_driver(engine, "a", "b", "c")
-    reconciler.cycle()
-    applies = [hosts for call, hosts in engine.calls if call == "apply"]
-    assert applies == [("a", "b"), ("c",)]
+    report = reconciler.cycle()
+    assert applies(engine) == [("a", "b")]
+    assert report.next_batch_at == report.finished, "no pause: the next cycle at once"
+    assert report.rollouts == {"all": "2 done, 1 queued"}
+    report = reconciler.cycle()
+    assert applies(engine) == [("a", "b"), ("c",)]
+    assert report.next_batch_at is None
+    assert report.rollouts == {"all": "3 done; finished"}
     assert {r.rollout_phase for r in store.hosts().values()} == {None}
     phases = [e.component for e in store.history("a", kinds=["rollout"])]
     assert phases == ["queued", "cordoned", "applied", "done"]
@@ -642,14 +669,12 @@ def test_a_lost_state_database_never_lets_a_disruptive_change_skip_the_rollout(
     upgrade_driver(engine, "a", "b", "c")
     with StateStore(tmp_path / "state-rebuilt") as empty:
         reconciler, relearnt, _ = make(empty, engine.nodes)
-        reconciler.cycle()
+        for _ in range(3):
+            reconciler.cycle()
         calls = [call for call, _ in relearnt.calls]
         assert calls[:2] == ["probe", "plan"], "planned before anything is applied"
-        assert [hosts for call, hosts in relearnt.calls if call == "apply"] == [
-            ("a",),
-            ("b",),
-            ("c",),
-        ], "one host at a time (max_parallel 1)"
+        assert applies(relearnt) == [("a",), ("b",), ("c",)], "one host a cycle (max_parallel 1)"
+        assert calls.count("plan") == 1, "hosts in the rollout are not planned again"
         phases = [e.component for e in empty.history("b", kinds=["rollout"])]
         assert phases == ["queued", "cordoned", "applied", "done"]
 
@@ -727,8 +752,8 @@ def test_restarted_reconciler_resumes_a_drained_host_first(store: StateStore) ->
         record.rollout_phase = phase
         store.save(record)
     reconciler.cycle()
-    applies = [hosts for call, hosts in engine.calls if call == "apply"]
-    assert applies == [("b",), ("a",)]
+    reconciler.cycle()
+    assert applies(engine) == [("b",), ("a",)]
     assert ("drain", ("b",)) not in engine.calls, "b was not drained twice"
 
 
@@ -762,7 +787,7 @@ def test_metrics_follow_the_loop(store: StateStore) -> None:
 
     metrics = Metrics()
     reconciler, engine, _ = converged(store, "a", "b")
-    reconciler.hook = metrics
+    reconciler.observe = Observers([metrics])
     engine.nodes["b"].drift = drift()
     engine.nodes["b"].pending = {"runtime_config": False}
     reconciler.cycle()
@@ -786,18 +811,22 @@ def test_node_ready_gauges_count_only_the_stages_that_are_on() -> None:
     from prometheus_client import generate_latest
 
     from runner.metrics import Metrics
-    from runner.state import HostRecord
+    from runner.state import HostRecord, HostStatus
 
     metrics = Metrics()
     stages = {s: "ready" for s in STAGES} | {
         "runtime_config": "disabled",
         "device_plugin": "disabled",
     }
-    metrics("host", HostRecord("a", status="converged", stages=stages))
-    metrics("host", HostRecord("b", status="failed", stages=stages | {"toolkit": "failed"}))
-    metrics(
-        "host",
-        HostRecord("c", status="not-a-gpu-node", stages=dict.fromkeys(STAGES, "not-a-gpu-node")),
+    metrics.host_updated(HostRecord("a", status=HostStatus.CONVERGED, stages=stages))
+    failed = stages | {"toolkit": "failed"}
+    metrics.host_updated(HostRecord("b", status=HostStatus.FAILED, stages=failed))
+    metrics.host_updated(
+        HostRecord(
+            "c",
+            status=HostStatus.NOT_A_GPU_NODE,
+            stages=dict.fromkeys(STAGES, "not-a-gpu-node"),
+        )
     )
     text = generate_latest(metrics.registry).decode()
     assert 'gpu_operator_node_toolkit_ready{node="a"} 1.0' in text  # runtime_config off
@@ -813,7 +842,7 @@ def test_metrics_of_a_host_gone_from_the_inventory_are_dropped(store: StateStore
 
     metrics = Metrics()
     reconciler, engine, _ = converged(store, "a", "b")
-    reconciler.hook = metrics
+    reconciler.observe = Observers([metrics])
     engine.nodes["b"].drift = drift()
     reconciler.cycle()
     assert 'host="b"' in generate_latest(metrics.registry).decode()
@@ -969,11 +998,12 @@ def test_a_drain_blocked_by_a_budget_waits_cordoned_and_resumes_when_it_allows(
     assert "a" in engine.cordoned
     blocked = [e for e in store.history("a", kinds=["rollout"]) if e.component == "drain-blocked"]
     assert "ml/train-0" in blocked[-1].summary
-    # The budget allows it now: the next cycle drains, applies and uncordons.
+    # The budget allows it now: the next cycle drains, applies and uncordons (no
+    # plan: the host's change was planned when it joined the rollout).
     engine.budget_blocks.clear()
     engine.calls.clear()
     reconciler.cycle()
-    assert [c for c, _ in engine.calls] == ["probe", "plan", "drain", "apply", "uncordon"]
+    assert [c for c, _ in engine.calls] == ["probe", "drain", "apply", "uncordon"]
     assert store.host("a").rollout_phase is None
     assert "a" not in engine.cordoned
 
@@ -1001,3 +1031,163 @@ def test_a_host_whose_stage_fails_is_relabelled_in_the_same_apply(store: StateSt
     assert engine.cluster_runs[-1] == ("apply", ("a",))
     assert store.host("a").status == "failed"
     assert store.cluster().status == "converged"
+
+
+# -- rollouts across cycles ---------------------------------------------------------
+
+
+def exporter_drift() -> list[dict[str, Any]]:
+    return [{"component": "exporter", "kind": "service", "name": "dcgm-exporter.service"}]
+
+
+def test_drift_elsewhere_is_repaired_while_a_rollout_goes_on_a_batch_a_cycle(
+    store: StateStore,
+) -> None:
+    """Three hosts get a new driver one at a time; drift on a fourth, injected during
+    the first batch, is repaired before the second batch (and the rollout's cycles
+    follow each other without waiting an interval)."""
+    reconciler, engine, clock = converged(store, "a", "b", "c", "d")
+    reconciler.settings.interval = 300
+    upgrade_driver(engine, "a", "b", "c")
+
+    def applying(hosts: Sequence[str]) -> None:
+        clock.now += 120  # an apply takes two minutes
+        if list(hosts) == ["a"]:
+            engine.nodes["d"].drift = exporter_drift()
+            engine.nodes["d"].pending = {"exporter": False}
+        if "c" in hosts:
+            reconciler.stop.request()
+
+    engine.on_apply = applying
+    start = clock.now
+    reconciler.run(once=False)
+    assert applies(engine) == [("a",), ("d",), ("b",), ("c",)]
+    repaired = [e.at for e in store.history("d") if e.kind == "corrective"]
+    finished = [e.at for e in store.history("c", kinds=["rollout"]) if e.component == "done"]
+    assert repaired and finished and repaired[0] < finished[0]
+    assert finished[0] - start == 4 * 120, "no interval slept between the rollout's cycles"
+    rollout = store.rollouts()["all"]
+    assert (rollout.done, rollout.finished) == (["a", "b", "c"], finished[0])
+
+
+def test_sigterm_between_batches_and_a_restarted_reconciler_resumes_the_rollout(
+    store: StateStore,
+) -> None:
+    reconciler, engine, clock = converged(store, "a", "b", "c")
+    upgrade_driver(engine, "a", "b", "c")
+    engine.on_apply = lambda hosts: reconciler.stop.request()
+    report = reconciler.run(once=False)
+    assert report.interrupted
+    assert applies(engine) == [("a",)]
+    assert [store.host(h).rollout_phase for h in "abc"] == [None, "queued", "queued"]
+    restarted, again, _ = make(store, engine.nodes, clock=clock)
+    again.on_apply = lambda hosts: "c" in hosts and restarted.stop.request()
+    restarted.run(once=False)
+    assert applies(again) == [("b",), ("c",)]
+    assert again.acted_on("plan") == [], "the queued hosts' plans were kept"
+    assert store.rollouts()["all"].done == ["a", "b", "c"]
+    assert {store.host(h).status for h in "abc"} == {"converged"}
+
+
+def test_pools_roll_side_by_side_each_by_its_own_policy(store: StateStore) -> None:
+    reconciler, engine, _ = converged(store, "t1", "t2", "t3", "i1", "i2")
+    train = {
+        "gpufleet_rollout_pool": "train",
+        "gpufleet_rollout_max_parallel": 2,
+        "gpufleet_rollout_max_unavailable": 2,
+    }
+    upgrade_driver(engine, "t1", "t2", "t3", **train)
+    upgrade_driver(engine, "i1", "i2", gpufleet_rollout_pool="infer")
+    report = reconciler.cycle()
+    assert applies(engine) == [("i1",), ("t1", "t2")]
+    assert report.rollouts == {"infer": "1 done, 1 queued", "train": "2 done, 1 queued"}
+    reconciler.cycle()
+    assert applies(engine)[2:] == [("i2",), ("t3",)]
+    assert {p: r.done for p, r in store.rollouts().items()} == {
+        "infer": ["i1", "i2"],
+        "train": ["t1", "t2", "t3"],
+    }
+
+
+def test_a_pool_goes_on_past_a_failure_until_its_threshold(store: StateStore) -> None:
+    reconciler, engine, _ = converged(store, "a", "b", "c", "d")
+    policy = {"gpufleet_rollout_max_unavailable": 3, "gpufleet_rollout_max_failures": 2}
+    upgrade_driver(engine, "a", "b", "c", "d", **policy)
+    engine.nodes["a"].broken_stage = engine.nodes["b"].broken_stage = "driver"
+    for _ in range(3):
+        report = reconciler.cycle()
+    assert applies(engine) == [("a",), ("b",)], "one failure let b go; two halt the pool"
+    assert [store.host(h).rollout_phase for h in "abcd"] == ["halted", "halted", "queued", "queued"]
+    assert report.outcomes["c"].message == "rollout halted by a, b; release the host(s) to go on"
+    assert report.rollouts["all"] == "0 done, 2 queued, 2 halted; halted by a, b; release the " + (
+        "host(s) to go on"
+    )
+
+
+def test_a_pool_pauses_between_batches_and_the_loop_wakes_for_the_next(
+    store: StateStore,
+) -> None:
+    reconciler, engine, clock = converged(store, "a", "b")
+    upgrade_driver(engine, "a", "b", gpufleet_rollout_pause=600)
+    report = reconciler.cycle()
+    assert applies(engine) == [("a",)]
+    assert report.next_batch_at == clock.now + 600
+    clock.now += 300
+    report = reconciler.cycle()
+    assert applies(engine) == [("a",)]
+    assert report.outcomes["b"].message == "rollout pauses between batches; the next in 300 s"
+    reconciler.settings.interval = 3600
+    engine.on_apply = lambda hosts: reconciler.stop.request()
+    start = clock.now
+    reconciler.run(once=False)
+    assert applies(engine) == [("a",), ("b",)]
+    assert clock.now - start == pytest.approx(300), "woke for the batch, not after an interval"
+
+
+def test_a_queued_host_with_nothing_left_to_change_leaves_the_rollout(store: StateStore) -> None:
+    reconciler, engine, _ = converged(store, "a", "b")
+    upgrade_driver(engine, "a", "b")
+    reconciler.cycle()
+    # b's new driver was installed by other means; asked for again it is planned.
+    engine.nodes["b"].variables["driver_version"] = "550.163.01"
+    engine.nodes["b"].pending = {}
+    reconciler.cycle()
+    assert applies(engine) == [("a",)]
+    assert store.host("b").rollout_phase is None
+    summary = store.history("b", kinds=["rollout"])[-1].summary
+    assert summary == "left the rollout: nothing to change any more"
+
+
+@pytest.mark.parametrize(
+    ("variables", "words"),
+    [
+        (
+            {"b": {"gpufleet_rollout_max_parallel": "two"}},
+            "gpufleet_rollout_max_parallel on host b: expected a positive integer, got 'two'",
+        ),
+        (
+            {"b": {"gpufleet_rollout_pause": -1}},
+            "gpufleet_rollout_pause on host b: expected seconds, a number >= 0, got -1",
+        ),
+        (
+            {"a": {"gpufleet_rollout_max_failures": 1}, "b": {"gpufleet_rollout_max_failures": 3}},
+            "gpufleet_rollout_max_failures: hosts of rollout pool 'all' disagree (a has 1, b "
+            "has 3); expected one value per pool",
+        ),
+        (
+            {"a": {"gpufleet_rollout_max_parallel": 2}},
+            "gpufleet_rollout_max_parallel 2 exceeds gpufleet_rollout_max_unavailable 1 in "
+            "rollout pool 'all': a batch could never start",
+        ),
+    ],
+)
+def test_a_wrong_rollout_variable_stops_the_cycle_before_any_host_is_touched(
+    store: StateStore, variables: dict[str, dict[str, Any]], words: str
+) -> None:
+    reconciler, engine, _ = converged(store, "a", "b")
+    for host, values in variables.items():
+        engine.nodes[host].variables = values
+    with pytest.raises(InventoryError) as error:
+        reconciler.cycle()
+    assert str(error.value).startswith(words)
+    assert engine.calls == [], "not even probed"

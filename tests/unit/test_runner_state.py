@@ -10,10 +10,13 @@ import pytest
 
 from runner.state import (
     _SCHEMA,
+    _SCHEMA_2,
+    _SCHEMA_3,
     SCHEMA_VERSION,
     ClusterRecord,
     HistoryEntry,
     HostRecord,
+    RolloutRecord,
     StateError,
     StateStore,
     state_dir_for,
@@ -64,6 +67,26 @@ def test_a_schema_1_database_gains_the_cluster_record_and_keeps_its_hosts(tmp_pa
     with StateStore(tmp_path) as store:
         assert store.cluster().owed_hosts == ["a"]
         assert store.cluster().owed_objects is True
+
+
+def test_a_rollout_in_flight_under_schema_3_joins_the_default_pool(tmp_path: Path) -> None:
+    db = sqlite3.connect(tmp_path / "state.db")
+    db.executescript(_SCHEMA + _SCHEMA_2 + _SCHEMA_3)
+    db.execute(
+        "INSERT INTO hosts (name, status, rollout_phase) VALUES ('a', 'converged', 'drained')"
+    )
+    db.execute("INSERT INTO hosts (name, status) VALUES ('b', 'converged')")
+    db.execute("PRAGMA user_version = 3")
+    db.commit()
+    db.close()
+    with StateStore(tmp_path) as store:
+        a, b = store.host("a"), store.host("b")
+        assert (a.rollout_phase, a.rollout_pool, a.rollout_target) == ("drained", "all", None)
+        assert (b.rollout_phase, b.rollout_pool) == (None, "")
+        assert store.rollouts() == {}
+        store.save_rollout(RolloutRecord("all", started=5.0, last_batch=7.0, done=["c"]))
+    with StateStore(tmp_path) as store:
+        assert store.rollouts() == {"all": RolloutRecord("all", 5.0, None, 7.0, ["c"])}
 
 
 def test_another_programs_database_is_refused(tmp_path: Path) -> None:
