@@ -1,8 +1,8 @@
 """Prometheus metrics of the reconcile loop, served on 127.0.0.1 by default.
 
 The loop tells `Metrics` what happens (it is one of the loop's observers); nothing
-here decides anything. Each reconciler has its own registry (no process-global state), so tests
-can build as many as they like.
+here decides anything. Each reconciler has its own registry (no process-global
+state), so tests can build as many as they like.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class Metrics(Observer):
             buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600),
             registry=r,
         )
-        self.hosts_acted_total = Counter(
+        self.acted = Counter(
             "gpufleet_reconcile_hosts", "Hosts probed, planned or applied", ["phase"], registry=r
         )
         self.drifts = Counter(
@@ -92,7 +92,7 @@ class Metrics(Observer):
         self.changes.labels(host, component, kind).inc()
 
     def hosts_acted(self, phase: str, count: int) -> None:
-        self.hosts_acted_total.labels(phase).inc(count)
+        self.acted.labels(phase).inc(count)
 
     def host_quarantined(self, host: str) -> None:
         self.quarantines.inc()

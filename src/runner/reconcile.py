@@ -271,14 +271,17 @@ def full_check_offset(host: str, interval: float) -> float:
 
 
 def full_check_due(host: str, last: float | None, now: float, interval: float) -> bool:
-    """Whether a host's periodic full check is due: once per interval, at the host's
-    offset in it (so hosts onboarded together do not all fall due together)."""
-    if last is None:
-        return True
-    if interval <= 0:
+    """Whether a host's periodic full check is due: at the host's own offset in each
+    interval (so hosts onboarded together do not all fall due together), and never
+    sooner than half an interval after the last one (an apply is a full check too).
+    Between two checks: from half an interval to one and a half."""
+    if last is None or interval <= 0:
         return True
     offset = full_check_offset(host, interval)
-    return math.floor((now - offset) / interval) > math.floor((last - offset) / interval)
+    # The host's latest slot: its offset in the interval that `now` is in (or the one
+    # before, when now is earlier in the interval than the offset).
+    slot = offset + math.floor((now - offset) / interval) * interval
+    return slot >= last + interval / 2
 
 
 class Reconciler:
@@ -372,6 +375,11 @@ class Reconciler:
                 work.due.append(host)
                 continue
             self.observe.host_updated(record)
+        # A host whose last successful apply reached its desired state passed its
+        # settings check then (a new reconciler process need not check them again).
+        for host in work.due:
+            if work.records[host].desired_hash == work.desired[host]:
+                self._settings_checked.setdefault(host, work.desired[host])
         refused = self._refused_settings(work.due, work.desired)
         for host, reason in refused.items():
             self._refuse(work.records[host], report, reason)
@@ -495,7 +503,16 @@ class Reconciler:
         candidates = dict(work.candidates)
         for host in sorted(candidates):
             record = records[host]
-            if self._rolling_as_planned(record, desired[host]):
+            if record.rollout_phase == "halted" and not self.settings.check_only:
+                # Left as it failed, cordoned, until an operator releases it.
+                report.outcomes[host] = HostOutcome(
+                    host,
+                    "skipped",
+                    reasons=candidates.pop(host),
+                    message=f"rollout halted: {record.rollout_reason}; release it to go on",
+                )
+                self._save(record)
+            elif self._rolling_as_planned(record, desired[host]):
                 # In a rollout already, for this very desired state: planned when
                 # it joined; the rollout takes it on without planning it again.
                 report.outcomes[host] = HostOutcome(host, "planned", reasons=candidates.pop(host))

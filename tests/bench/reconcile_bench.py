@@ -16,7 +16,19 @@ and the sweep over a quarter, half and all of the fleet (its cost should grow
 linearly). Each figure is wall-clock seconds and control-host CPU seconds (user +
 system of every process the step started; work inside the nodes' containers is not
 counted, the same for every method). Ratios are against the check-mode playbook.
-This is a script, not a test: nothing here asserts a time.
+
+Then the sweep against its floor, at each of --sizes (default 10, 20 and 50, those
+not above N), with the same connection and forks (the runner's default for that many
+hosts), in rounds that alternate the commands:
+
+  sweep      python -m runner reconcile --once --limit <the first n nodes>
+  probe      ansible <those nodes> -m gpufleet.nvidia.node_state  (the probe alone:
+             what the sweep adds on top is the runner's own work)
+  floor      ansible <those nodes> -m ping   (one round trip per host doing nothing)
+
+with medians of the rounds, the sweep/floor ratio, per-host cost and the peak memory
+of the controller's processes during the sweep (the sum over its process tree,
+sampled). This is a script, not a test: nothing here asserts a time.
 """
 
 from __future__ import annotations
@@ -24,12 +36,16 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from runner.engine import default_forks
 
 PROJECT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -51,29 +67,149 @@ class Cost:
         )
 
 
-def measure(name: str, hosts: int, command: list[str], expect: tuple[int, ...] = (0,)) -> Cost:
+def _tree_rss(root: int) -> int:
+    """Resident memory (bytes) of a process and all its descendants, from /proc."""
+    parents: dict[int, int] = {}
+    rss: dict[int, int] = {}
+    page = os.sysconf("SC_PAGE_SIZE")
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+            statm = Path(entry.path, "statm").read_text().split()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        parents[int(entry.name)] = int(fields[1])
+        rss[int(entry.name)] = int(statm[1]) * page
+    tree, frontier = {root}, [root]
+    while frontier:
+        parent = frontier.pop()
+        children = [pid for pid, ppid in parents.items() if ppid == parent]
+        tree.update(children)
+        frontier.extend(children)
+    return sum(rss.get(pid, 0) for pid in tree)
+
+
+@dataclass
+class Run:
+    wall: float
+    cpu: float
+    peak_rss: int
+
+
+def run(name: str, command: list[str], expect: tuple[int, ...] = (0,)) -> Run:
+    """Run `command` from the project; its wall time, CPU seconds (its whole process
+    tree) and the peak of its tree's resident memory, sampled every 0.1 s."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.monotonic()
-    result = subprocess.run(command, cwd=PROJECT, capture_output=True, text=True, check=False)
+    proc = subprocess.Popen(
+        command, cwd=PROJECT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    peak = 0
+    done = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not done.wait(0.1):
+            peak = max(peak, _tree_rss(proc.pid))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    stdout, stderr = proc.communicate()
+    done.set()
+    sampler.join()
     wall = time.monotonic() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if result.returncode not in expect:
+    if proc.returncode not in expect:
         sys.exit(
-            f"{name}: {' '.join(command)} exited {result.returncode}\n"
-            f"{result.stdout[-3000:]}{result.stderr[-3000:]}"
+            f"{name}: {' '.join(command)} exited {proc.returncode}\n"
+            f"{stdout[-3000:]}{stderr[-3000:]}"
         )
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     print(f"  {name}: {wall:.1f} s", file=sys.stderr)
-    return Cost(name, hosts, wall, cpu)
+    return Run(wall, cpu, peak)
+
+
+def measure(name: str, hosts: int, command: list[str], expect: tuple[int, ...] = (0,)) -> Cost:
+    result = run(name, command, expect)
+    return Cost(name, hosts, result.wall, result.cpu)
+
+
+def floor_table(
+    names: list[str], sizes: list[int], reconcile: list[str], inventory: Path, rounds: int
+) -> list[str]:
+    """The sweep against its floor at each size, in alternating rounds (medians);
+    returns the table's lines."""
+    ansible = [str(BIN / "ansible"), "-i", str(inventory)]
+    rows = []
+    for size in sizes:
+        subset = ",".join(names[:size])
+        forks = str(default_forks(size))
+        commands = {
+            "sweep": [*reconcile, "--limit", subset, "--forks", forks],
+            "probe": [
+                *ansible,
+                subset,
+                "--forks",
+                forks,
+                "-m",
+                "gpufleet.nvidia.node_state",
+                "-a",
+                "sysfs_root={{ gpufleet_sysfs_root | default(omit) }}",
+            ],
+            "floor": [*ansible, subset, "--forks", forks, "-m", "ping"],
+        }
+        runs: dict[str, list[Run]] = {key: [] for key in commands}
+        for attempt in range(rounds):
+            for key, command in commands.items():
+                runs[key].append(run(f"{key} over {size} nodes, round {attempt + 1}", command))
+        rows.append((size, forks, {k: _median(v) for k, v in runs.items()}))
+    lines = [
+        f"\nsweep against its floor ({rounds} rounds each, medians; forks as the runner's)",
+        f"{'nodes':>5} {'forks':>5} {'sweep s':>8} {'probe s':>8} {'floor s':>8} "
+        f"{'sweep/floor':>11} {'sweep/h s':>9} {'cpu/h s':>8} {'peak MiB':>8}",
+    ]
+    for size, forks, m in rows:
+        sweep, probe, floor = m["sweep"], m["probe"], m["floor"]
+        lines.append(
+            f"{size:>5} {forks:>5} {sweep.wall:8.2f} {probe.wall:8.2f} {floor.wall:8.2f} "
+            f"{sweep.wall / floor.wall:10.2f}x {sweep.wall / size:9.3f} {sweep.cpu / size:8.3f} "
+            f"{sweep.peak_rss / 2**20:8.0f}"
+        )
+    return lines
+
+
+def _median(runs: list[Run]) -> Run:
+    return Run(
+        statistics.median(r.wall for r in runs),
+        statistics.median(r.cpu for r in runs),
+        max(r.peak_rss for r in runs),
+    )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, default=20, help="simulated nodes (default 20)")
     parser.add_argument("--keep", action="store_true", help="leave the nodes running")
+    parser.add_argument(
+        "--sizes",
+        default="10,20,50",
+        help="fleet sizes of the sweep/floor table, those not above --nodes (default %(default)s)",
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="rounds per size (default 3)")
+    parser.add_argument(
+        "--floor-only", action="store_true", help="only onboard and measure the sweep/floor table"
+    )
     args = parser.parse_args()
     if args.nodes < 4:
         parser.error("--nodes: expected at least 4 (the sweep is measured over N/4)")
+    try:
+        sizes = sorted({int(size) for size in args.sizes.split(",")})
+    except ValueError:
+        parser.error(f"--sizes: expected comma-separated numbers of nodes, got {args.sizes!r}")
+    sizes = [size for size in sizes if 0 < size <= args.nodes] or [args.nodes]
     names = [f"bench-{i:02d}" for i in range(1, args.nodes + 1)]
     env = dict(os.environ, ANSIBLE_CONFIG=str(PROJECT / "ansible.cfg"))
     os.environ.update(env)
@@ -91,6 +227,9 @@ def main() -> int:
     try:
         print("converging the fleet (first reconcile cycle)", file=sys.stderr)
         onboard = measure("onboarding (first cycle)", args.nodes, reconcile)
+        if args.floor_only:
+            print("\n".join(floor_table(names, sizes, reconcile, inventory, args.rounds)))
+            return 0
         print("measuring", file=sys.stderr)
         sweep = measure("reconcile --once (steady sweep)", args.nodes, reconcile)
         check = measure("ansible-playbook site.yml --check", args.nodes, [*playbook, "--check"])
@@ -113,6 +252,7 @@ def main() -> int:
                     [*reconcile, "--limit", ",".join(subset)],
                 )
             )
+        floor = floor_table(names, sizes, reconcile, inventory, args.rounds)
     finally:
         if not args.keep:
             subprocess.run([*FLEET, "down", *names], check=False, capture_output=True)
@@ -136,6 +276,7 @@ def main() -> int:
         + ", ".join(f"{p:.2f} s" for p in per_host)
         + " (linear cost: per-host time flat or falling)"
     )
+    print("\n".join(floor))
     return 0
 
 

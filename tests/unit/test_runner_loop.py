@@ -344,6 +344,18 @@ def test_a_host_whose_settings_are_refused_is_left_alone_until_they_are_fixed(
     assert store.host("b").status == "converged"
 
 
+def test_a_new_reconciler_checks_only_the_settings_no_apply_has_reached(
+    store: StateStore,
+) -> None:
+    """`reconcile --once` from a timer is a new process each time: the settings of
+    hosts whose desired state an apply reached passed then, and are not run again."""
+    _, engine, clock = converged(store, "a", "b")
+    engine.nodes["b"].variables = {"driver_version": "535.261.03"}
+    again, fresh, _ = make(store, engine.nodes, clock=clock)
+    again.cycle()
+    assert fresh.settings_checks == [("b",)]
+
+
 APT_BROKEN = "driver: Update the package lists: E: Malformed entry 1 in list file"
 
 
@@ -589,11 +601,13 @@ def test_full_checks_fall_due_once_an_interval_each_host_at_its_own_time(
     store: StateStore,
 ) -> None:
     """Hosts onboarded together are fully checked once per interval, but not all in
-    the same cycle: each at its own offset, the same one interval after interval."""
+    the same cycle: each at its own offset, the same one interval after interval, and
+    none sooner than half an interval after its apply."""
     reconciler, engine, clock = converged(store, "a", "b", "c", "d")
+    onboarded = clock.now
     reconciler.settings.full_check_interval = 3600
     checked: dict[str, list[float]] = {}
-    for _ in range(2 * 3600 // 60):
+    for _ in range(3 * 3600 // 60):
         clock.now += 60
         engine.calls.clear()
         report = reconciler.cycle()
@@ -602,8 +616,10 @@ def test_full_checks_fall_due_once_an_interval_each_host_at_its_own_time(
             checked.setdefault(host, []).append(clock.now)
     assert engine.acted_on("apply") == [], "nothing to change, nothing applied"
     assert sorted(checked) == ["a", "b", "c", "d"]
-    assert all(len(times) == 2 for times in checked.values()), checked
-    assert all(later - first == 3600 for first, later in checked.values()), checked
+    for times in checked.values():
+        gaps = [b - a for a, b in itertools.pairwise([onboarded, *times])]
+        assert all(1800 <= gap <= 5400 for gap in gaps), gaps
+        assert gaps[-1] == 3600, "settled at its own offset: one interval apart"
     assert len({times[0] for times in checked.values()}) > 1, "not all in one cycle"
 
 
@@ -739,8 +755,10 @@ def test_failing_host_halts_the_rollout_and_stays_cordoned(store: StateStore) ->
     assert store.host("b").rollout_phase == "queued"
     engine.calls.clear()
     clock.now += 10_000
-    reconciler.cycle()
+    report = reconciler.cycle()
     assert engine.acted_on("apply") == [], "the halted rollout does not go on by itself"
+    assert engine.acted_on("plan") == [], "nor is the halted host planned again"
+    assert report.outcomes["a"].message.startswith("rollout halted: ")
 
 
 def test_restarted_reconciler_resumes_a_drained_host_first(store: StateStore) -> None:
@@ -1110,12 +1128,13 @@ def test_pools_roll_side_by_side_each_by_its_own_policy(store: StateStore) -> No
 
 
 def test_a_pool_goes_on_past_a_failure_until_its_threshold(store: StateStore) -> None:
-    reconciler, engine, _ = converged(store, "a", "b", "c", "d")
+    reconciler, engine, clock = converged(store, "a", "b", "c", "d")
     policy = {"gpufleet_rollout_max_unavailable": 3, "gpufleet_rollout_max_failures": 2}
     upgrade_driver(engine, "a", "b", "c", "d", **policy)
     engine.nodes["a"].broken_stage = engine.nodes["b"].broken_stage = "driver"
     for _ in range(3):
         report = reconciler.cycle()
+        clock.now += 10_000  # past every backoff: halted hosts are not retried either
     assert applies(engine) == [("a",), ("b",)], "one failure let b go; two halt the pool"
     assert [store.host(h).rollout_phase for h in "abcd"] == ["halted", "halted", "queued", "queued"]
     assert report.outcomes["c"].message == "rollout halted by a, b; release the host(s) to go on"

@@ -1,0 +1,115 @@
+"""A driver rollout across reconcile cycles, on four simulated T4 nodes.
+
+Not part of `make test` (CI's time budget: about 15 minutes on 2 cores): run with
+`make e2e-rollout`. Three nodes get an older driver build, one at a time
+(max_parallel 1); the fourth has its exporter stopped by hand while the first batch
+runs. The loop repairs that drift before the rollout's second batch, is stopped with
+SIGTERM during the second batch, and a restarted reconciler finishes the third
+without planning it again.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
+from test_runner_e2e import FLEET, PROJECT, Fleet
+
+ROLLED = ["ro-1", "ro-2", "ro-3"]
+OTHER = "ro-4"
+OLDER = "535.261.03"  # Debian's older build; the nodes onboard with 535.309.01
+
+pytestmark = pytest.mark.fleet
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    work = tmp_path_factory.mktemp("e2e-rollout")
+    inventory = work / "inventory"
+    inventory.mkdir()
+    nodes = [arg for name in [*ROLLED, OTHER] for arg in ("--node", f"{name}=t4-1")]
+    subprocess.run(
+        [*FLEET, "up", *nodes, "--write-inventory", str(inventory / "hosts.yml")], check=True
+    )
+    (inventory / "group_vars").symlink_to(PROJECT / "inventories" / "sim" / "group_vars")
+    try:
+        yield Fleet(inventory, work / "state")
+    finally:
+        subprocess.run([*FLEET, "down", *ROLLED, OTHER], check=False)
+
+
+def _driver(fleet: Fleet, node: str) -> str:
+    query = fleet.on_node(node, "nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader")
+    return query.stdout.strip()
+
+
+def _events(fleet: Fleet, host: str, kind: str) -> list[dict]:
+    return [e for e in fleet.history(host) if e["kind"] == kind]
+
+
+def _wait_for(proc: subprocess.Popen[str], text: str, seen: list[str]) -> None:
+    """Read the loop's log until a line with `text` (kept in `seen`)."""
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        seen.append(line)
+        if text in line:
+            return
+    pytest.fail(f"the loop ended before saying {text!r}:\n{''.join(seen[-40:])}")
+
+
+def test_the_fleet_onboards(fleet: Fleet):
+    result = fleet.reconcile("--once")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert {h: r["status"] for h, r in fleet.status().items()} == dict.fromkeys(
+        [*ROLLED, OTHER], "converged"
+    )
+
+
+def test_drift_is_repaired_between_batches_and_sigterm_stops_after_a_batch(fleet: Fleet):
+    (fleet.inventory / "host_vars").mkdir()
+    for host in ROLLED:
+        (fleet.inventory / "host_vars" / f"{host}.yml").write_text(f'driver_version: "{OLDER}"\n')
+    proc = fleet.spawn("reconcile", "--interval", "3600", "--metrics-port", "0")
+    seen: list[str] = []
+    _wait_for(proc, "rolling out to ro-1", seen)
+    stopped = fleet.on_node(OTHER, "systemctl", "stop", "dcgm-exporter.service")
+    assert stopped.returncode == 0, stopped.stderr
+    _wait_for(proc, "rolling out to ro-2", seen)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=900)
+    log = "".join(seen) + err
+    assert proc.returncode == 130, out + log
+    assert "next cycle (a rollout's next batch) in 0 s" in log, "no interval between batches"
+    assert [_driver(fleet, h) for h in ROLLED] == [OLDER, OLDER, "535.309.01"]
+    status = fleet.status()
+    assert [status[h]["rollout_phase"] for h in ROLLED] == [None, None, "queued"]
+    repaired = [e for e in _events(fleet, OTHER, "corrective") if e["component"] == "exporter"]
+    assert repaired, fleet.history(OTHER)
+    first = [e for e in _events(fleet, "ro-1", "rollout") if e["component"] == "done"]
+    second = [e for e in _events(fleet, "ro-2", "rollout") if e["component"] == "cordoned"]
+    assert first[0]["at"] < repaired[0]["at"] < second[0]["at"], (
+        "the drift was repaired while the rollout went on, between its first two batches"
+    )
+    listed = fleet.runner("status").stdout
+    assert "rollout of pool all (started" in listed and "2 done; queued 1: ro-3" in listed, listed
+
+
+def test_a_restarted_reconciler_finishes_the_rollout_without_planning_again(fleet: Fleet):
+    result = fleet.reconcile("--once", "--json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout)
+    assert report["planned"] == 0, "ro-3's change was planned when it joined the rollout"
+    assert report["outcomes"]["ro-3"]["action"] == "rolled-out"
+    assert report["rollouts"] == {"all": "3 done; finished"}
+    assert [_driver(fleet, h) for h in ROLLED] == [OLDER] * 3
+    phases = [e["component"] for e in _events(fleet, "ro-3", "rollout")]
+    assert phases == ["queued", "cordoned", "applied", "done"]
+    again = fleet.reconcile("--once")
+    assert again.stdout.startswith("cycle: 4 probed, 0 planned, 0 applied"), again.stdout
