@@ -33,7 +33,6 @@ from runner.engine import STAGES, AnsibleEngine, EngineError
 from runner.lock import InventoryLock, LockHeld
 from runner.reconcile import (
     CycleReport,
-    InventoryError,
     LogObserver,
     Observer,
     Reconciler,
@@ -41,6 +40,7 @@ from runner.reconcile import (
     Stop,
     release,
 )
+from runner.rollout import PolicyError
 from runner.state import (
     ClusterRecord,
     HostRecord,
@@ -631,7 +631,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "history":
             return cmd_history(args)
         return cmd_release(args)
-    except (UsageError, EngineError, InventoryError, LockHeld, StateError) as err:
+    except (UsageError, EngineError, PolicyError, LockHeld, StateError) as err:
         print(f"error: {err}", file=sys.stderr)
         return _EXIT_FOR_ERROR[type(err)]
 
@@ -640,7 +640,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 _EXIT_FOR_ERROR: dict[type[Exception], int] = {
     UsageError: Exit.USAGE,
     EngineError: Exit.USAGE,
-    InventoryError: Exit.USAGE,
+    PolicyError: Exit.USAGE,
     LockHeld: Exit.LOCKED,
     StateError: Exit.STATE,
 }

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runner.engine import CLUSTER_HOST, STAGES, Engine, HostRun, ProbeResult
-from runner.rollout import PHASES, UNAVAILABLE, PolicyError, RolloutPolicy, policies, pool_of
+from runner.rollout import PHASES, UNAVAILABLE, RolloutPolicy, policies, pool_of
 from runner.state import (
     CLUSTER_SUBJECT,
     ClusterRecord,
@@ -73,12 +73,6 @@ REPAIRABLE_KINDS = ("file", "service")
 # Rollout phases of a host whose change is still on its way (halted ones wait for a
 # release, which plans them again).
 _ROLLING = tuple(phase for phase in PHASES if phase != "halted")
-
-__all__ = ["InventoryError", "PolicyError"]
-
-
-class InventoryError(PolicyError):
-    """The inventory sets a controller-side variable wrongly (a rollout policy)."""
 
 
 @dataclass
@@ -348,10 +342,8 @@ class Reconciler:
     def _due(self, work: _Cycle) -> bool:
         hostvars = self.engine.inventory(self.settings.limit)
         default = RolloutPolicy(self.settings.max_parallel, self.settings.max_unavailable)
-        try:
-            work.policies = policies(hostvars, default)
-        except PolicyError as err:
-            raise InventoryError(str(err)) from err
+        # A wrong rollout variable raises PolicyError here, before any host is touched.
+        work.policies = policies(hostvars, default)
         if not self.settings.limit:
             for gone in self.store.forget_missing(list(hostvars)):
                 log.info("%s: no longer in the inventory; forgotten", gone)

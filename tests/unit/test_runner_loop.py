@@ -19,7 +19,6 @@ import pytest
 
 from runner.engine import CLUSTER_HOST, STAGES, Change, HostRun, ProbeResult, RunResult
 from runner.reconcile import (
-    InventoryError,
     Observers,
     Reconciler,
     Settings,
@@ -28,6 +27,7 @@ from runner.reconcile import (
     backoff_delay,
     release,
 )
+from runner.rollout import PolicyError
 from runner.state import StateStore
 
 READY = {stage: {"status": "ready"} for stage in STAGES}
@@ -1206,7 +1206,7 @@ def test_a_wrong_rollout_variable_stops_the_cycle_before_any_host_is_touched(
     reconciler, engine, _ = converged(store, "a", "b")
     for host, values in variables.items():
         engine.nodes[host].variables = values
-    with pytest.raises(InventoryError) as error:
+    with pytest.raises(PolicyError) as error:
         reconciler.cycle()
     assert str(error.value).startswith(words)
     assert engine.calls == [], "not even probed"
