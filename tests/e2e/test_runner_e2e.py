@@ -8,6 +8,7 @@ node behind it. What a user would notice is asserted: exit codes, what `status` 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -16,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+import tomllib
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -592,3 +594,132 @@ def test_dpkg_lock_held_by_another_program_fails_naming_it_and_the_next_cycle_re
     active = fleet.on_node("e2e-t4", "systemctl", "is-active", "dcgm-exporter.service")
     assert active.stdout.strip() == "active"
     assert fleet.status()["e2e-t4"]["status"] == "converged"
+
+
+# -- pull mode ----------------------------------------------------------------------
+
+
+def _wheelhouse() -> Path:
+    """Wheels of the package's pinned dependencies, its build backend and pip, for an
+    offline install on a node (kept per pyproject.toml under .cache/pullmode)."""
+    pyproject = PROJECT / "pyproject.toml"
+    key = hashlib.sha256(pyproject.read_bytes()).hexdigest()[:12]
+    wheels = PROJECT / ".cache" / "pullmode" / f"wheels-{key}"
+    if (wheels / ".complete").exists():
+        return wheels
+    project = tomllib.loads(pyproject.read_text())
+    wanted = [*project["project"]["dependencies"], *project["build-system"]["requires"], "pip"]
+    partial = wheels.with_name(wheels.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    download = [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:"]
+    subprocess.run([*download, "--dest", str(partial), *wanted], check=True)
+    (partial / ".complete").touch()
+    shutil.rmtree(wheels, ignore_errors=True)
+    partial.rename(wheels)
+    return wheels
+
+
+def _copy_to_node(node: str, source: Path, target: str, *exclude: str) -> None:
+    """`source`'s contents into `target` on the node (symlinks followed)."""
+    excluded = [f"--exclude=./{name}" for name in exclude]
+    pack = subprocess.Popen(
+        ["tar", "-c", "-h", *excluded, "-C", str(source), "."], stdout=subprocess.PIPE
+    )
+    unpack = subprocess.run(
+        ["podman", "exec", "-i", node, "sh", "-c", f"mkdir -p {target} && tar -x -C {target}"],
+        stdin=pack.stdout,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert pack.wait() == 0 and unpack.returncode == 0, unpack.stderr
+
+
+def _last_run(fleet: Fleet, node: str) -> tuple[str, str]:
+    """When the pull-mode service's last run started, and whether it is over."""
+    shown = fleet.on_node(
+        node,
+        "systemctl",
+        "show",
+        "-p",
+        "ExecMainStartTimestampMonotonic",
+        "-p",
+        "ActiveState",
+        "gpufleet-reconcile.service",
+    )
+    values = dict(line.split("=", 1) for line in shown.stdout.splitlines() if "=" in line)
+    return values.get("ExecMainStartTimestampMonotonic", ""), values.get("ActiveState", "")
+
+
+def test_pull_mode_the_node_converges_itself_through_the_shipped_units(fleet: Fleet):
+    """The package installed on the T4 from the checkout, as the unit's comment says (an
+    offline index stands in for PyPI), the shipped service and timer installed: the
+    service's run takes the node into its own state; a drift injected after it is
+    repaired by the timer's run; `runner status --local` on the node says so."""
+    node = "e2e-t4"
+    _copy_to_node(node, PROJECT, "/opt/gpufleet", ".venv", ".cache", ".git", "out")
+    wheels = _wheelhouse()
+    _copy_to_node(node, wheels, "/tmp/gpufleet-wheels")
+    pip = next(wheels.glob("pip-*.whl")).name
+    install = fleet.on_node(
+        node,
+        "sh",
+        "-c",
+        "python3 -m venv --without-pip /opt/gpufleet/.venv && "
+        f"/opt/gpufleet/.venv/bin/python /tmp/gpufleet-wheels/{pip}/pip install -q "
+        "--no-index --find-links /tmp/gpufleet-wheels --no-compile pip /opt/gpufleet",
+    )
+    assert install.returncode == 0, install.stdout + install.stderr
+    _copy_to_node(node, fleet.inventory, "/etc/gpufleet/inventory")
+    setup = fleet.on_node(
+        node,
+        "sh",
+        "-c",
+        "echo GPUFLEET_INVENTORY=/etc/gpufleet/inventory > /etc/default/gpufleet-reconcile && "
+        "cp /opt/gpufleet/src/runner/systemd/gpufleet-reconcile.* /etc/systemd/system/ && "
+        # The timer's first run comes 5 min after boot (a container's start), spread
+        # by up to 5 min for a fleet: a test's one node runs at once instead.
+        "mkdir -p /etc/systemd/system/gpufleet-reconcile.timer.d && "
+        "printf '[Timer]\\nOnActiveSec=1s\\nRandomizedDelaySec=0\\n' "
+        "> /etc/systemd/system/gpufleet-reconcile.timer.d/test.conf && "
+        "systemctl daemon-reload",
+    )
+    assert setup.returncode == 0, setup.stderr
+    local = (
+        "set -a && . /etc/default/gpufleet-reconcile && GPUFLEET_STATE_DIR=/var/lib/gpufleet-runner"
+        " /opt/gpufleet/.venv/bin/python -m runner"
+    )
+
+    started = fleet.on_node(node, "systemctl", "start", "gpufleet-reconcile.service")
+    journal = fleet.on_node(node, "journalctl", "-u", "gpufleet-reconcile", "--no-pager")
+    assert started.returncode == 0, started.stderr + journal.stdout[-3000:]
+    status = fleet.on_node(node, "sh", "-c", f"{local} status --local --json")
+    record = {h["name"]: h for h in json.loads(status.stdout)}[node]
+    assert record["status"] == "converged", record
+
+    before, _ = _last_run(fleet, node)
+    stopped = fleet.on_node(node, "systemctl", "stop", "dcgm-exporter.service")
+    assert stopped.returncode == 0
+    timer = fleet.on_node(node, "systemctl", "start", "gpufleet-reconcile.timer")
+    assert timer.returncode == 0, timer.stderr
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        started_at, state = _last_run(fleet, node)
+        if started_at != before and state in ("inactive", "failed"):
+            break
+        time.sleep(5)
+    triggered = fleet.on_node(
+        node, "systemctl", "show", "-p", "LastTriggerUSec", "--value", "gpufleet-reconcile.timer"
+    )
+    fleet.on_node(node, "systemctl", "stop", "gpufleet-reconcile.timer")
+    journal = fleet.on_node(node, "journalctl", "-u", "gpufleet-reconcile", "--no-pager")
+    assert started_at != before and state == "inactive", journal.stdout[-3000:]
+    assert triggered.stdout.strip() not in ("", "n/a"), "the timer started the run"
+    active = fleet.on_node(node, "systemctl", "is-active", "dcgm-exporter.service")
+    assert active.stdout.strip() == "active", journal.stdout[-3000:]
+    listed = fleet.on_node(node, "sh", "-c", f"{local} status --local")
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    assert node in listed.stdout and "converged" in listed.stdout, listed.stdout
+    history = fleet.on_node(node, "sh", "-c", f"{local} history --local --json")
+    kinds = [(e["kind"], e["component"]) for e in json.loads(history.stdout)]
+    assert ("corrective", "exporter") in kinds, kinds
