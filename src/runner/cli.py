@@ -40,7 +40,7 @@ from runner.reconcile import (
     Stop,
     release,
 )
-from runner.rollout import PolicyError
+from runner.rollout import IN_FLIGHT, PolicyError
 from runner.state import (
     ClusterRecord,
     HostRecord,
@@ -429,8 +429,6 @@ _UNWELL = (
     HostStatus.UNREACHABLE,
     HostStatus.REBOOT_REQUIRED,
 )
-# Rollout phases of a host out of service for its change.
-_FLIGHT = ("cordoned", "drained", "applied")
 
 
 def _unwell(record: HostRecord) -> bool:
@@ -562,7 +560,7 @@ def _rollout_line(
 ) -> str:
     """A pool's rollout: done, in flight (with phases), queued, halted (with why)."""
     members = {h: r for h, r in hosts.items() if r.rollout_pool == pool and r.rollout_phase}
-    flight = [f"{h} {r.rollout_phase}" for h, r in members.items() if r.rollout_phase in _FLIGHT]
+    flight = [f"{h} {r.rollout_phase}" for h, r in members.items() if r.rollout_phase in IN_FLIGHT]
     queued = [h for h, r in members.items() if r.rollout_phase == "queued"]
     halted = [
         f"{h} ({r.rollout_reason})" for h, r in members.items() if r.rollout_phase == "halted"

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runner.engine import CLUSTER_HOST, STAGES, Engine, HostRun, ProbeResult
-from runner.rollout import PHASES, UNAVAILABLE, RolloutPolicy, policies, pool_of
+from runner.rollout import IN_FLIGHT, PHASES, UNAVAILABLE, RolloutPolicy, policies, pool_of
 from runner.state import (
     CLUSTER_SUBJECT,
     ClusterRecord,
@@ -72,7 +72,7 @@ DISRUPTIVE_COMPONENTS = ("driver", "mig", "runtime_config")
 REPAIRABLE_KINDS = ("file", "service")
 # Rollout phases of a host whose change is still on its way (halted ones wait for a
 # release, which plans them again).
-_ROLLING = tuple(phase for phase in PHASES if phase != "halted")
+_ROLLING = ("queued", *IN_FLIGHT)
 
 
 @dataclass
@@ -1028,7 +1028,7 @@ def _rollout_text(rollout: RolloutRecord, members: Mapping[str, HostRecord], why
     phases = [r.rollout_phase for r in members.values()]
     counts = [
         (len(rollout.done), "done"),
-        (sum(p in UNAVAILABLE and p != "halted" for p in phases), "in flight"),
+        (sum(p in IN_FLIGHT for p in phases), "in flight"),
         (phases.count("queued"), "queued"),
         (phases.count("halted"), "halted"),
     ]

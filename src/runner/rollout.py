@@ -18,9 +18,10 @@ from typing import Any
 
 POOL_VARIABLE = "gpufleet_rollout_pool"
 DEFAULT_POOL = "all"
-# Phases of a host in a rollout; the ones in UNAVAILABLE are out of service (and
-# count against the pool's max_unavailable).
-UNAVAILABLE = ("cordoned", "drained", "applied", "halted")
+# Phases of a host in a rollout: queued, then out of service for its change (in
+# flight), or halted. The ones in UNAVAILABLE count against the pool's max_unavailable.
+IN_FLIGHT = ("cordoned", "drained", "applied")
+UNAVAILABLE = (*IN_FLIGHT, "halted")
 PHASES = ("queued", *UNAVAILABLE)
 
 
