@@ -894,7 +894,7 @@ class Reconciler:
             elif record.rollout_pool != pool:  # phases set before pools existed
                 record.rollout_pool = pool
                 self._save(record)
-        members = {h: r for h, r in self.store.hosts().items() if r.rollout_pool == pool}
+        members = self._pool_members(pool)
         halted = sorted(h for h, r in members.items() if r.rollout_phase == "halted")
         # Hosts already out of service first (a restarted reconciler resumes them).
         queue = sorted(hosts, key=lambda h: (records[h].rollout_phase == "queued", h))
@@ -921,7 +921,7 @@ class Reconciler:
         batch, rest = queue[:size], queue[size:]
         rollout.done.extend(self._roll_batch(batch, work))
         rollout.last_batch = self.clock()
-        members = {h: r for h, r in self.store.hosts().items() if r.rollout_pool == pool}
+        members = self._pool_members(pool)
         if not any(r.rollout_phase for r in members.values()):
             rollout.finished = self.clock()
             log.info("rollout of pool %s done: %d host(s)", pool, len(rollout.done))
@@ -931,6 +931,10 @@ class Reconciler:
             report.outcomes[host].message = "rollout: queued for a later batch"
         report.rollouts[pool] = _rollout_text(rollout, members, "")
         self.store.save_rollout(rollout)
+
+    def _pool_members(self, pool: str) -> dict[str, HostRecord]:
+        """The stored records of the hosts in `pool`'s rollout (any phase)."""
+        return {h: r for h, r in self.store.hosts().items() if r.rollout_pool == pool}
 
     def _roll_batch(self, batch: Sequence[str], work: _Cycle) -> list[str]:
         """Take one batch through cordon, drain, apply and uncordon; returns the

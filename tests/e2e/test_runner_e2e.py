@@ -100,15 +100,22 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-@pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    work = tmp_path_factory.mktemp("e2e")
+def start_fleet(work: Path, nodes: dict[str, str]) -> Path:
+    """Start simulated nodes (name -> profile); returns their inventory directory
+    (hosts.yml, and the simulated fleet's group_vars)."""
     inventory = work / "inventory"
     inventory.mkdir()
     hosts = inventory / "hosts.yml"
-    nodes = [arg for name, profile in NODES.items() for arg in ("--node", f"{name}={profile}")]
-    subprocess.run([*FLEET, "up", *nodes, "--write-inventory", str(hosts)], check=True)
+    names = [arg for name, profile in nodes.items() for arg in ("--node", f"{name}={profile}")]
+    subprocess.run([*FLEET, "up", *names, "--write-inventory", str(hosts)], check=True)
     (inventory / "group_vars").symlink_to(PROJECT / "inventories" / "sim" / "group_vars")
+    return inventory
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    work = tmp_path_factory.mktemp("e2e")
+    inventory = start_fleet(work, NODES)
     # A host whose node does not exist: unreachable from the first cycle on.
     (inventory / "gone.yml").write_text(f"all:\n  hosts:\n    {GONE}:\n")
     # A short wait for apt's locks, for the test that holds one (the default is 120 s).

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from test_runner_e2e import FLEET, PROJECT, Fleet
+from test_runner_e2e import FLEET, Fleet, start_fleet
 
 NODE = "mig-a100"
 # all-balanced on an A100 40GB: two 1g.5gb, one 2g.10gb and one 3g.20gb per GPU.
@@ -28,14 +28,7 @@ pytestmark = pytest.mark.fleet
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     work = tmp_path_factory.mktemp("e2e-mig")
-    inventory = work / "inventory"
-    inventory.mkdir()
-    hosts = inventory / "hosts.yml"
-    subprocess.run(
-        [*FLEET, "up", "--node", f"{NODE}=a100-pcie-2", "--write-inventory", str(hosts)],
-        check=True,
-    )
-    (inventory / "group_vars").symlink_to(PROJECT / "inventories" / "sim" / "group_vars")
+    inventory = start_fleet(work, {NODE: "a100-pcie-2"})
     (inventory / "host_vars").mkdir()
     _layout(inventory, "all-balanced")
     try:

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from test_runner_e2e import FLEET, PROJECT, Fleet
+from test_runner_e2e import FLEET, Fleet, start_fleet
 
 ROLLED = ["ro-1", "ro-2", "ro-3"]
 OTHER = "ro-4"
@@ -32,13 +32,7 @@ pytestmark = pytest.mark.fleet
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     work = tmp_path_factory.mktemp("e2e-rollout")
-    inventory = work / "inventory"
-    inventory.mkdir()
-    nodes = [arg for name in [*ROLLED, OTHER] for arg in ("--node", f"{name}=t4-1")]
-    subprocess.run(
-        [*FLEET, "up", *nodes, "--write-inventory", str(inventory / "hosts.yml")], check=True
-    )
-    (inventory / "group_vars").symlink_to(PROJECT / "inventories" / "sim" / "group_vars")
+    inventory = start_fleet(work, dict.fromkeys([*ROLLED, OTHER], "t4-1"))
     try:
         yield Fleet(inventory, work / "state")
     finally:
