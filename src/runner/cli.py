@@ -405,7 +405,9 @@ def _run_cycle(args: argparse.Namespace) -> int:
                     metrics.serve(args.metrics_address, port)
                     log.info("metrics on http://%s:%d/metrics", args.metrics_address, port)
                     observers.append(metrics)
-            reconciler = Reconciler(engine, store, settings, stop=stop, observers=observers)
+            reconciler = Reconciler(
+                engine, store, settings, stop=stop, observers=observers, background=not once
+            )
             report = reconciler.run(once=once)
             if args.command == "plan" and args.json:
                 print(json.dumps({h: asdict(o) for h, o in sorted(report.outcomes.items())}))

@@ -8,6 +8,7 @@ loop a fake one).
 
 from __future__ import annotations
 
+import copy
 import difflib
 import hashlib
 import json
@@ -157,6 +158,11 @@ class Engine(Protocol):
         ...
 
     def node_action(self, action: str, hosts: Sequence[str]) -> RunResult: ...
+
+    def beside(self) -> Engine:
+        """An engine for runs at the same time as this one's (a rollout batch's apply
+        while the loop goes on), on hosts none of this one's runs touch."""
+        ...
 
 
 def project_hash(root: Path) -> str:
@@ -457,6 +463,13 @@ class AnsibleEngine:
                 CLUSTER_HOST, reachable=False, failures=["the cluster side did not run"]
             )
         return result
+
+    def beside(self) -> AnsibleEngine:
+        # Its own run directory: ansible-runner rotates the artifacts of the runs in
+        # one directory, which must not remove those of a run still going.
+        other = copy.copy(self)
+        other.work_dir = self.work_dir / "beside"
+        return other
 
     def node_action(self, action: str, hosts: Sequence[str]) -> RunResult:
         collector = self._run(

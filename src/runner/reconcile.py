@@ -17,13 +17,16 @@ Every cycle runs these phases over one `_Cycle` (the cycle's working memory):
 4. apply to the planned hosts with changes, and to hosts whose Node labels the
    cluster side owes; every apply includes the cluster side once;
 5. roll: a disruptive change (driver reload, MIG layout, container runtime restart)
-   goes through its pool's rollout instead, which advances one batch per cycle:
+   goes through its pool's rollout instead, which starts a batch when the last ends:
    max_parallel hosts at a time, never more than max_unavailable of the pool out of
    service, Kubernetes nodes cordoned and drained first (a drain a
    PodDisruptionBudget refuses waits, cordoned, for the next cycle); a failed host
    halts and stays cordoned, and max_failures halted hosts halt the pool. Between
    batches the next cycle starts after the pool's pause, so drift elsewhere in the
-   fleet is repaired while a long rollout goes on.
+   fleet is repaired while a long rollout goes on. In the long-running loop a batch's
+   apply runs in the background: the cycles go on for the rest of the fleet while it
+   does (its hosts are left alone), and the first cycle after it ends takes its
+   results (validated, uncordoned, done) and starts the pool's next batch.
 
 What was repaired (corrective) is recorded per host and component apart from what
 changed because the desired state did (intentional). Time, randomness and sleeping
@@ -38,10 +41,11 @@ import math
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from runner.engine import CLUSTER_HOST, STAGES, Engine, HostRun, ProbeResult
+from runner.engine import CLUSTER_HOST, STAGES, Engine, HostRun, ProbeResult, RunResult
 from runner.rollout import IN_FLIGHT, PHASES, UNAVAILABLE, RolloutPolicy, policies, pool_of
 from runner.state import (
     CLUSTER_SUBJECT,
@@ -246,6 +250,21 @@ class _Cycle:
     to_roll: list[str] = field(default_factory=list)
 
 
+@dataclass
+class _Batch:
+    """A rollout batch out of service for its change, whose apply is under way."""
+
+    pool: str
+    hosts: list[str]
+    # Those of its hosts that are Kubernetes nodes (uncordoned after).
+    nodes: list[str]
+    # The desired state each host's apply reaches (as the cycle that started it saw).
+    desired: dict[str, str]
+    cluster: bool
+    started: float
+    result: Future[RunResult]
+
+
 def backoff_delay(failures: int, settings: Settings, rng: random.Random) -> float:
     """Seconds to wait after `failures` consecutive failures: doubling from the base,
     capped, with the same jitter as the interval."""
@@ -289,7 +308,10 @@ class Reconciler:
         rng: random.Random | None = None,
         stop: Stop | None = None,
         observers: Sequence[Observer] = (),
+        background: bool = False,
     ) -> None:
+        """`background`: a rollout batch's apply runs beside the cycles (the
+        long-running loop); otherwise the cycle waits for it (one cycle, tests)."""
         self.engine = engine
         self.store = store
         self.settings = settings
@@ -300,14 +322,30 @@ class Reconciler:
         self.observe = Observers(observers)
         # host -> the desired state whose settings were found well-formed.
         self._settings_checked: dict[str, str] = {}
+        self.background = background
+        self._executor: ThreadPoolExecutor | None = None
+        # pool -> its batch whose apply is under way.
+        self._batches: dict[str, _Batch] = {}
 
     # -- the loop ----------------------------------------------------------------
 
     def run(self, once: bool) -> CycleReport:
-        """Run cycles until stopped (or one, with `once`); returns the last report."""
+        """Run cycles until stopped (or one, with `once`); returns the last report.
+        A batch whose apply is under way is waited for and finished first."""
+        try:
+            return self._loop(once)
+        finally:
+            if self._executor is not None:
+                self._executor.shutdown(wait=True)
+                self._executor = None
+
+    def _loop(self, once: bool) -> CycleReport:
         while True:
             report = self.cycle()
             if once or self.stop.requested:
+                if self._batches:
+                    log.info("waiting for the batch(es) applying: %s", self._applying_text())
+                    self._collect(report, wait=True)
                 return report
             delay = self.settings.interval * _jitter(self.settings, self.rng)
             if report.next_batch_at is not None:
@@ -315,16 +353,23 @@ class Reconciler:
                 log.info("next cycle (a rollout's next batch) in %.0f s", delay)
             else:
                 log.info("next cycle in %.0f s", delay)
-            # Sleep in short steps so that a stop request is honoured promptly.
+            # Sleep in short steps so that a stop request is honoured promptly, and a
+            # batch that ends starts the next cycle.
             deadline = self.clock() + delay
-            while not self.stop.requested and self.clock() < deadline:
+            while (
+                not self.stop.requested
+                and self.clock() < deadline
+                and not any(b.result.done() for b in self._batches.values())
+            ):
                 self.sleep(min(1.0, deadline - self.clock()))
             if self.stop.requested:
+                self._collect(report, wait=True)
                 return report
 
     def cycle(self) -> CycleReport:
         work = _Cycle(CycleReport(started=self.clock()))
         try:
+            self._collect(work.report)
             if self._due(work):
                 self._probe(work)
                 if self._has_work(work):
@@ -354,9 +399,17 @@ class Reconciler:
         work.cluster = any(_truthy(v.get(CLUSTER_VARIABLE)) for v in hostvars.values())
         work.now = self.clock()
         report = work.report
+        applying = {h: b for b in self._batches.values() for h in b.hosts}
         for host, record in work.records.items():
             backing_off = bool(record.next_attempt and record.next_attempt > work.now)
-            if record.quarantined:
+            if host in report.outcomes:
+                continue  # its batch ended this cycle: just applied and validated
+            if host in applying:
+                started = work.now - applying[host].started
+                report.outcomes[host] = HostOutcome(
+                    host, "skipped", message=f"rollout: its change applying ({started:.0f} s)"
+                )
+            elif record.quarantined:
                 report.outcomes[host] = HostOutcome(host, "skipped", message="quarantined")
             elif backing_off and record.next_attempt:
                 wait = record.next_attempt - work.now
@@ -685,10 +738,16 @@ class Reconciler:
         self.store.save_cluster(state, events)
         return owed, objects
 
-    def _cluster_applied(self, run: HostRun | None, hosts: Sequence[str], work: _Cycle) -> None:
-        """Record the cluster side's part of an apply that included it."""
+    def _cluster_applied(
+        self,
+        run: HostRun | None,
+        hosts: Sequence[str],
+        report: CycleReport,
+        drifted: frozenset[str] = frozenset(),
+    ) -> None:
+        """Record the cluster side's part of an apply that included it (`drifted`:
+        the hosts whose Node labels it repaired)."""
         state = self.store.cluster()
-        report = work.report
         if run is None or not run.succeeded:
             reason = "; ".join(run.failures) if run else "the cluster side did not run"
             state.status, state.reason = "failed", reason
@@ -712,7 +771,7 @@ class Reconciler:
             events.append(
                 HistoryEntry(self.clock(), CLUSTER_SUBJECT, kind, CLUSTER_COMPONENT, summary)
             )
-            for host in sorted(work.cluster_drifted & set(hosts)):
+            for host in sorted(drifted & set(hosts)):
                 events.append(
                     HistoryEntry(self.clock(), host, "corrective", CLUSTER_COMPONENT, "Node labels")
                 )
@@ -748,7 +807,7 @@ class Reconciler:
         for host in work.to_apply:
             self._applied(work.records[host], result.hosts[host], work.desired[host], work.report)
         if work.cluster:
-            self._cluster_applied(result.cluster, work.to_apply, work)
+            self._cluster_applied(result.cluster, work.to_apply, work.report, work.cluster_drifted)
 
     def _applied(self, record: HostRecord, run: HostRun, desired: str, report: CycleReport) -> None:
         outcome = report.outcomes.setdefault(record.name, HostOutcome(record.name, "applied"))
@@ -901,7 +960,9 @@ class Reconciler:
         busy = [h for h, r in members.items() if r.rollout_phase in UNAVAILABLE and h not in queue]
         size = min(policy.max_parallel, policy.max_unavailable - len(busy))
         wait = (rollout.last_batch or 0.0) + policy.pause - self.clock()
-        if len(halted) >= policy.max_failures:
+        if pool in self._batches:
+            why = f"waits for its batch applying ({', '.join(self._batches[pool].hosts)})"
+        elif len(halted) >= policy.max_failures:
             why = f"halted by {', '.join(halted)}; release the host(s) to go on"
             log.warning("rollout of pool %s %s", pool, why)
         elif wait > 0:
@@ -919,26 +980,28 @@ class Reconciler:
             self.store.save_rollout(rollout)
             return
         batch, rest = queue[:size], queue[size:]
-        rollout.done.extend(self._roll_batch(batch, work))
-        rollout.last_batch = self.clock()
-        members = self._pool_members(pool)
-        if not any(r.rollout_phase for r in members.values()):
-            rollout.finished = self.clock()
-            log.info("rollout of pool %s done: %d host(s)", pool, len(rollout.done))
-        elif rest:
-            report.next_batch_at = _earliest(report.next_batch_at, self.clock() + policy.pause)
         for host in rest:
             report.outcomes[host].message = "rollout: queued for a later batch"
-        report.rollouts[pool] = _rollout_text(rollout, members, "")
-        self.store.save_rollout(rollout)
+        running = self._start_batch(pool, batch, work)
+        if running is not None and self.background:
+            self._batches[pool] = running
+            report.rollouts[pool] = _rollout_text(rollout, self._pool_members(pool), "")
+            self.store.save_rollout(rollout)
+            return
+        if running is not None:
+            self._finish_batch(running, rollout, report)
+        self._batch_ended(rollout, report)
+        if rest and rollout.finished is None:
+            report.next_batch_at = _earliest(report.next_batch_at, self.clock() + policy.pause)
 
     def _pool_members(self, pool: str) -> dict[str, HostRecord]:
         """The stored records of the hosts in `pool`'s rollout (any phase)."""
         return {h: r for h, r in self.store.hosts().items() if r.rollout_pool == pool}
 
-    def _roll_batch(self, batch: Sequence[str], work: _Cycle) -> list[str]:
-        """Take one batch through cordon, drain, apply and uncordon; returns the
-        hosts it finished (a host that fails halts, cordoned)."""
+    def _start_batch(self, pool: str, batch: Sequence[str], work: _Cycle) -> _Batch | None:
+        """Take one batch out of service (cordon and drain its Kubernetes nodes), then
+        start its apply: in the background, or done when this returns. None when the
+        cordon or drain stopped it (a host that fails halts, cordoned)."""
         records, hostvars, report = work.records, work.hostvars, work.report
         log.info("rolling out to %s", ", ".join(batch))
         nodes = [h for h in batch if _truthy(hostvars[h].get(CLUSTER_VARIABLE))]
@@ -955,39 +1018,76 @@ class Reconciler:
                 failure = "; ".join(run.failures)
                 if not run.succeeded and action == "drain" and _blocked_by_budget(failure):
                     self._drain_blocked(records[host], failure, report)
-                    return []
+                    return None
                 if not run.succeeded:
                     self._halt(records[host], f"{action} failed: {failure}", report)
-                    return []
+                    return None
                 if action == "cordon" and run.action_changed is False:
                     # Cordoned by someone else before the rollout: it stays so after.
                     records[host].keep_cordoned = True
                 self._phase(records[host], after, f"{action}ed")
         for host in batch:
-            if records[host].rollout_phase == "queued":
-                # Not a Kubernetes node: nothing to cordon, but out of service now.
-                self._phase(records[host], "cordoned", "out of service for the change")
-        result = self.engine.converge(list(batch), check=False, cluster=work.cluster)
-        report.applied += len(batch)
-        self.observe.hosts_acted("apply", len(batch))
-        if work.cluster:
-            self._cluster_applied(result.cluster, batch, work)
+            self._phase(records[host], "applying", "out of service; its change applying")
+        hosts = list(batch)
+        applying: Future[RunResult]
+        if self.background:
+            self._executor = self._executor or ThreadPoolExecutor(thread_name_prefix="batch")
+            applying = self._executor.submit(
+                self.engine.beside().converge, hosts, False, work.cluster
+            )
+        else:
+            applying = Future()
+            applying.set_result(self.engine.converge(hosts, check=False, cluster=work.cluster))
+        return _Batch(
+            pool,
+            hosts,
+            nodes,
+            {h: work.desired[h] for h in hosts},
+            work.cluster,
+            self.clock(),
+            applying,
+        )
+
+    def _collect(self, report: CycleReport, wait: bool = False) -> None:
+        """Finish the batches whose apply has ended (with `wait`, all of them, once
+        their applies end)."""
+        for pool, batch in sorted(self._batches.items()):
+            if not (wait or batch.result.done()):
+                continue
+            del self._batches[pool]
+            rollout = self.store.rollouts()[pool]
+            self._finish_batch(batch, rollout, report)
+            self._batch_ended(rollout, report)
+
+    def _applying_text(self) -> str:
+        batches = sorted(self._batches.items())
+        return "; ".join(f"pool {pool}: {', '.join(batch.hosts)}" for pool, batch in batches)
+
+    def _finish_batch(self, batch: _Batch, rollout: RolloutRecord, report: CycleReport) -> None:
+        """Take a batch's apply in: hosts whose change applied and validated are
+        uncordoned and done, the others halt."""
+        result = batch.result.result()
+        records = {h: self.store.host(h) for h in batch.hosts}
+        report.applied += len(batch.hosts)
+        self.observe.hosts_acted("apply", len(batch.hosts))
+        if batch.cluster:
+            self._cluster_applied(result.cluster, batch.hosts, report)
         applied = []
-        for host in batch:
+        for host in batch.hosts:
             record = records[host]
             run = result.hosts[host]
-            self._applied(record, run, work.desired[host], report)
+            self._applied(record, run, batch.desired[host], report)
             report.outcomes[host].action = "rolled-out"
             if run.succeeded:
                 self._phase(record, "applied", "change applied and validated")
                 applied.append(host)
             else:
                 self._halt(record, record.reason, report)
-        uncordon = [h for h in applied if h in nodes and not records[h].keep_cordoned]
+        uncordon = [h for h in applied if h in batch.nodes and not records[h].keep_cordoned]
         if uncordon:
-            result = self.engine.node_action("uncordon", uncordon)
+            uncordoned = self.engine.node_action("uncordon", uncordon)
             for host in uncordon:
-                if not result.hosts[host].succeeded:
+                if not uncordoned.hosts[host].succeeded:
                     self._halt(records[host], "uncordon failed", report)
                     applied.remove(host)
         for host in applied:
@@ -998,7 +1098,16 @@ class Reconciler:
             self._phase(
                 records[host], None, "done; left cordoned as it was before" if kept else "done"
             )
-        return applied
+        rollout.done.extend(applied)
+
+    def _batch_ended(self, rollout: RolloutRecord, report: CycleReport) -> None:
+        rollout.last_batch = self.clock()
+        members = self._pool_members(rollout.pool)
+        if not any(r.rollout_phase for r in members.values()):
+            rollout.finished = self.clock()
+            log.info("rollout of pool %s done: %d host(s)", rollout.pool, len(rollout.done))
+        report.rollouts[rollout.pool] = _rollout_text(rollout, members, "")
+        self.store.save_rollout(rollout)
 
     def _phase(self, record: HostRecord, phase: str | None, summary: str) -> None:
         record.rollout_phase = phase

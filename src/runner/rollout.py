@@ -1,7 +1,7 @@
 """Rollout pools and their policies, read from the inventory.
 
 A disruptive change (a driver reload, a MIG layout, a container runtime restart)
-reaches the hosts of a pool a batch at a time, one batch per reconcile cycle, within
+reaches the hosts of a pool a batch at a time (at most one under way per pool), within
 the pool's budget. A host's pool is its `gpufleet_rollout_pool` (set in the group_vars
 of a group of like nodes; "all" when unset); each pool's policy comes from the
 variables below, which must agree across the pool's hosts, and falls back to the
@@ -19,8 +19,9 @@ from typing import Any
 POOL_VARIABLE = "gpufleet_rollout_pool"
 DEFAULT_POOL = "all"
 # Phases of a host in a rollout: queued, then out of service for its change (in
-# flight), or halted. The ones in UNAVAILABLE count against the pool's max_unavailable.
-IN_FLIGHT = ("cordoned", "drained", "applied")
+# flight: cordoned, drained, its change applying, applied), or halted. The ones in
+# UNAVAILABLE count against the pool's max_unavailable.
+IN_FLIGHT = ("cordoned", "drained", "applying", "applied")
 UNAVAILABLE = (*IN_FLIGHT, "halted")
 PHASES = ("queued", *UNAVAILABLE)
 

@@ -321,4 +321,12 @@ def test_a_driver_rollout_blocked_by_a_budget_waits_cordoned_then_ends_uncordone
         for e in json.loads(cluster.runner("history", "--json", "--host", GPU_NODE).stdout)
         if e["kind"] == "rollout"
     ]
-    assert phases[-6:] == ["queued", "cordoned", "drain-blocked", "drained", "applied", "done"]
+    assert phases[-7:] == [
+        "queued",
+        "cordoned",
+        "drain-blocked",
+        "drained",
+        "applying",
+        "applied",
+        "done",
+    ]

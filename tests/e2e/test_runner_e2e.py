@@ -496,7 +496,7 @@ def test_changed_variables_roll_out_as_intentional_and_sigterm_ends_after_the_ba
     changed = {e["component"] for e in history if e["kind"] == "intentional"}
     assert {"driver", "exporter"} <= changed
     phases = [e["component"] for e in history if e["kind"] == "rollout"]
-    assert phases == ["queued", "cordoned", "applied", "done"]
+    assert phases == ["queued", "applying", "applied", "done"]
     assert fleet.history("e2e-cpu") == cpu_before, "the other node was not touched"
     # The state the stopped reconciler left is whole: the next cycle only probes.
     result = fleet.reconcile("--once")

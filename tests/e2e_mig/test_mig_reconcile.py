@@ -77,7 +77,7 @@ def test_instances_destroyed_by_hand_are_found_and_rolled_back_in(fleet: Fleet):
     drift = [e for e in history if e["kind"] == "drift"]
     assert drift and drift[-1]["component"] == "mig"
     phases = [e["component"] for e in history if e["kind"] == "rollout"]
-    assert phases[-4:] == ["queued", "cordoned", "applied", "done"]
+    assert phases[-4:] == ["queued", "applying", "applied", "done"]
 
 
 def test_a_new_layout_is_rolled_out_and_a_second_pass_changes_nothing(fleet: Fleet):

@@ -15,6 +15,7 @@ from runner.engine import (
     ROLLOUT_MODULE,
     STAGES,
     VERDICT_TAG,
+    AnsibleEngine,
     Change,
     EngineError,
     EventCollector,
@@ -209,3 +210,15 @@ def test_the_inventory_sets_forks_once_for_the_fleet():
         inventory_forks({"a": {FORKS_VARIABLE: 4}, "b": {FORKS_VARIABLE: "many"}})
     with pytest.raises(EngineError, match=r"expected one value for the whole inventory.*a 4, b 8"):
         inventory_forks({"a": {FORKS_VARIABLE: 4}, "b": {FORKS_VARIABLE: 8}})
+
+
+def test_a_run_beside_the_loops_runs_has_its_own_run_directory(tmp_path: Path):
+    """ansible-runner rotates the runs of a directory: a batch applying beside the
+    loop's probes keeps its own, with the same inventory, forks and variables."""
+    engine = AnsibleEngine(
+        tmp_path, "inventory.yml", tmp_path / "ansible", forks=7, extravars={"x": 1}
+    )
+    other = engine.beside()
+    assert other.work_dir == tmp_path / "ansible" / "beside"
+    assert engine.work_dir == tmp_path / "ansible"
+    assert (other.inventory_path, other.forks, other.extravars) == ("inventory.yml", 7, {"x": 1})

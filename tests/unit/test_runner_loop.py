@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import itertools
 import random
+import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +21,8 @@ import pytest
 
 from runner.engine import CLUSTER_HOST, STAGES, Change, HostRun, ProbeResult, RunResult
 from runner.reconcile import (
+    CycleReport,
+    Observer,
     Observers,
     Reconciler,
     Settings,
@@ -195,6 +199,9 @@ class FakeEngine:
             side.drift = [d for d in side.drift if d not in repaired]
             side.recorded = True
         return HostRun(CLUSTER_HOST, changes=changes)
+
+    def beside(self) -> FakeEngine:
+        return self
 
     def node_action(self, action: str, hosts: Sequence[str]) -> RunResult:
         self.calls.append((action, tuple(hosts)))
@@ -673,7 +680,7 @@ def test_disruptive_changes_roll_one_batch_a_cycle(store: StateStore) -> None:
     assert report.rollouts == {"all": "3 done; finished"}
     assert {r.rollout_phase for r in store.hosts().values()} == {None}
     phases = [e.component for e in store.history("a", kinds=["rollout"])]
-    assert phases == ["queued", "cordoned", "applied", "done"]
+    assert phases == ["queued", "applying", "applied", "done"]
 
 
 def test_a_lost_state_database_never_lets_a_disruptive_change_skip_the_rollout(
@@ -692,7 +699,7 @@ def test_a_lost_state_database_never_lets_a_disruptive_change_skip_the_rollout(
         assert applies(relearnt) == [("a",), ("b",), ("c",)], "one host a cycle (max_parallel 1)"
         assert calls.count("plan") == 1, "hosts in the rollout are not planned again"
         phases = [e.component for e in empty.history("b", kinds=["rollout"])]
-        assert phases == ["queued", "cordoned", "applied", "done"]
+        assert phases == ["queued", "applying", "applied", "done"]
 
 
 def test_a_lost_state_database_is_relearnt_from_a_converged_fleet_without_changes(
@@ -739,7 +746,7 @@ def test_mig_drift_is_planned_first_and_rolled_out(store: StateStore) -> None:
     assert engine.acted_on("apply") == ["a"]
     assert report.outcomes["a"].corrective == ["mig"]
     phases = [e.component for e in store.history("a", kinds=["rollout"])]
-    assert phases == ["queued", "cordoned", "applied", "done"]
+    assert phases == ["queued", "applying", "applied", "done"]
 
 
 def test_failing_host_halts_the_rollout_and_stays_cordoned(store: StateStore) -> None:
@@ -1210,3 +1217,116 @@ def test_a_wrong_rollout_variable_stops_the_cycle_before_any_host_is_touched(
         reconciler.cycle()
     assert str(error.value).startswith(words)
     assert engine.calls == [], "not even probed"
+
+
+class Reports(Observer):
+    """Keeps every cycle's report."""
+
+    def __init__(self) -> None:
+        self.reports: list[CycleReport] = []
+
+    def cycle_finished(self, report: CycleReport) -> None:
+        self.reports.append(report)
+
+
+def in_the_loop(store: StateStore, *names: str) -> tuple[Reconciler, FakeEngine, list[CycleReport]]:
+    """A converged fleet under the long-running loop, whose batches apply in the
+    background (a thread, as in `reconcile`); on fake time still, slept in short real
+    steps so that the loop does not spin while a batch's thread works. Returns the
+    reports of its cycles as they finish."""
+    _, engine, clock = converged(store, *names)
+    reports = Reports()
+
+    def sleep(seconds: float) -> None:
+        clock.sleep(seconds)
+        time.sleep(0.001)
+
+    reconciler = Reconciler(
+        engine,
+        store,
+        Settings(interval=300),
+        clock=clock,
+        sleep=sleep,
+        rng=random.Random(7),
+        observers=[reports],
+        background=True,
+    )
+    return reconciler, engine, reports.reports
+
+
+def test_in_the_loop_a_batch_applies_in_the_background_and_drift_elsewhere_is_repaired_meanwhile(
+    store: StateStore,
+) -> None:
+    """a's new driver takes long to apply; the exporter of d drifts in the meantime
+    and the next cycle, while a's batch still applies, repairs it; a is left alone
+    until its batch ends, then uncordoned and done, and b's batch follows."""
+    reconciler, engine, reports = in_the_loop(store, "a", "b", "c", "d")
+    upgrade_driver(engine, "a", "b")
+    d_repaired = threading.Event()
+    phase_of_a: list[str | None] = []
+
+    def applying(hosts: Sequence[str]) -> None:
+        if list(hosts) == ["a"]:  # in the batch's thread
+            engine.nodes["d"].drift = exporter_drift()
+            engine.nodes["d"].pending = {"exporter": False}
+            assert d_repaired.wait(10), "d was not repaired while a's batch applied"
+        elif list(hosts) == ["d"]:
+            phase_of_a.append(store.host("a").rollout_phase)
+            d_repaired.set()
+        elif list(hosts) == ["b"]:
+            reconciler.stop.request()
+
+    engine.on_apply = applying
+    last = reconciler.run(once=False)
+    assert applies(engine) == [("a",), ("d",), ("b",)]
+    assert phase_of_a == ["applying"]
+    repairing = next(r for r in reports if r.outcomes["d"].corrective == ["exporter"])
+    assert repairing.outcomes["a"].action == "skipped"
+    assert repairing.outcomes["a"].message.startswith("rollout: its change applying")
+    assert repairing.outcomes["b"].message == "rollout waits for its batch applying (a)"
+    a_phases = {e.component: e.at for e in store.history("a", kinds=["rollout"])}
+    repaired = [e.at for e in store.history("d") if e.kind == "corrective"]
+    assert a_phases["applying"] < repaired[0] <= a_phases["done"]
+    # The stop came during b's batch: the loop waited for it and finished it.
+    assert last.interrupted
+    assert last.outcomes["b"].action == "rolled-out"
+    assert [store.host(h).rollout_phase for h in "ab"] == [None, None]
+    rollout = store.rollouts()["all"]
+    assert rollout.done == ["a", "b"] and rollout.finished is not None
+    assert {store.host(h).status for h in "abcd"} == {"converged"}
+
+
+def test_a_pool_waits_for_its_batch_applying_and_once_waits_for_it_to_end(
+    store: StateStore,
+) -> None:
+    reconciler, engine, _ = in_the_loop(store, "a", "b")
+    upgrade_driver(engine, "a", "b")
+    gate = threading.Event()
+    engine.on_apply = lambda hosts: gate.wait(10)
+    reconciler.settings.max_unavailable = 2  # room for b, but a's batch is under way
+    try:
+        first = reconciler.cycle()
+        second = reconciler.cycle()
+    finally:
+        gate.set()
+    assert first.rollouts == {"all": "0 done, 1 in flight, 1 queued"}
+    assert second.outcomes["b"].message == "rollout waits for its batch applying (a)"
+    assert applies(engine) == [("a",)]
+    last = reconciler.run(once=True)
+    assert last.outcomes["a"].action == "rolled-out"
+    assert store.host("a").rollout_phase is None, "a's batch finished before run() returned"
+
+
+def test_a_host_left_applying_by_a_killed_reconciler_is_the_next_batch(
+    store: StateStore,
+) -> None:
+    reconciler, engine, _ = converged(store, "a", "b", "c")
+    upgrade_driver(engine, "a", "b", "c")
+    reconciler.cycle()
+    killed = store.host("c")
+    killed.rollout_phase = "applying"
+    store.save(killed)
+    reconciler.cycle()
+    assert applies(engine) == [("a",), ("c",)], "out of service already: c before b"
+    assert store.host("c").rollout_phase is None
+    assert store.host("b").rollout_phase == "queued"
