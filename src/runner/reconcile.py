@@ -399,7 +399,7 @@ class Reconciler:
         work.cluster = any(_truthy(v.get(CLUSTER_VARIABLE)) for v in hostvars.values())
         work.now = self.clock()
         report = work.report
-        applying = {h: b for b in self._batches.values() for h in b.hosts}
+        applying = self._applying()
         for host, record in work.records.items():
             backing_off = bool(record.next_attempt and record.next_attempt > work.now)
             if host in report.outcomes:
@@ -711,7 +711,15 @@ class Reconciler:
             for host in reachable:
                 owed.setdefault(host, []).append("cluster side not recorded")
         events = []
-        for item in probe.drift:
+        # The labels of a host whose batch applies are that apply's to change (its
+        # cluster side included): not drift while it runs.
+        applying = self._applying()
+        drift = [
+            item
+            for item in probe.drift
+            if item.get("kind") != "node-labels" or str(item.get("host")) not in applying
+        ]
+        for item in drift:
             summary = _drift_summary(item)
             labelled = str(item.get("host"))
             if item.get("kind") == "node-labels" and labelled in reachable:
@@ -725,15 +733,15 @@ class Reconciler:
                     HistoryEntry(self.clock(), CLUSTER_SUBJECT, "drift", CLUSTER_COMPONENT, summary)
                 )
             self.observe.drift_found(item)
-        state.drift = list(probe.drift)
-        if probe.drift:
+        state.drift = drift
+        if drift:
             state.status = "drifted"
         elif probe.recorded and not owed and not objects:
             state.status, state.reason = "converged", ""
         report.cluster = (
             state.status
-            if not probe.drift
-            else ("drifted: " + "; ".join(_drift_summary(d) for d in probe.drift))
+            if not drift
+            else ("drifted: " + "; ".join(_drift_summary(d) for d in drift))
         )
         self.store.save_cluster(state, events)
         return owed, objects
@@ -1058,6 +1066,10 @@ class Reconciler:
             rollout = self.store.rollouts()[pool]
             self._finish_batch(batch, rollout, report)
             self._batch_ended(rollout, report)
+
+    def _applying(self) -> dict[str, _Batch]:
+        """The hosts of the batches under way, each with its batch."""
+        return {host: batch for batch in self._batches.values() for host in batch.hosts}
 
     def _applying_text(self) -> str:
         batches = sorted(self._batches.items())

@@ -1229,12 +1229,13 @@ class Reports(Observer):
         self.reports.append(report)
 
 
-def in_the_loop(store: StateStore, *names: str) -> tuple[Reconciler, FakeEngine, list[CycleReport]]:
-    """A converged fleet under the long-running loop, whose batches apply in the
-    background (a thread, as in `reconcile`); on fake time still, slept in short real
-    steps so that the loop does not spin while a batch's thread works. Returns the
-    reports of its cycles as they finish."""
-    _, engine, clock = converged(store, *names)
+def in_the_loop(
+    store: StateStore, engine: FakeEngine, clock: FakeClock
+) -> tuple[Reconciler, list[CycleReport]]:
+    """The fleet under the long-running loop, whose batches apply in the background (a
+    thread, as in `reconcile`); on fake time still, slept in short real steps so that
+    the loop does not spin while a batch's thread works. Returns the reports of its
+    cycles as they finish."""
     reports = Reports()
 
     def sleep(seconds: float) -> None:
@@ -1251,7 +1252,7 @@ def in_the_loop(store: StateStore, *names: str) -> tuple[Reconciler, FakeEngine,
         observers=[reports],
         background=True,
     )
-    return reconciler, engine, reports.reports
+    return reconciler, reports.reports
 
 
 def test_in_the_loop_a_batch_applies_in_the_background_and_drift_elsewhere_is_repaired_meanwhile(
@@ -1260,7 +1261,8 @@ def test_in_the_loop_a_batch_applies_in_the_background_and_drift_elsewhere_is_re
     """a's new driver takes long to apply; the exporter of d drifts in the meantime
     and the next cycle, while a's batch still applies, repairs it; a is left alone
     until its batch ends, then uncordoned and done, and b's batch follows."""
-    reconciler, engine, reports = in_the_loop(store, "a", "b", "c", "d")
+    _, engine, clock = converged(store, "a", "b", "c", "d")
+    reconciler, reports = in_the_loop(store, engine, clock)
     upgrade_driver(engine, "a", "b")
     d_repaired = threading.Event()
     phase_of_a: list[str | None] = []
@@ -1299,7 +1301,8 @@ def test_in_the_loop_a_batch_applies_in_the_background_and_drift_elsewhere_is_re
 def test_a_pool_waits_for_its_batch_applying_and_once_waits_for_it_to_end(
     store: StateStore,
 ) -> None:
-    reconciler, engine, _ = in_the_loop(store, "a", "b")
+    _, engine, clock = converged(store, "a", "b")
+    reconciler, _ = in_the_loop(store, engine, clock)
     upgrade_driver(engine, "a", "b")
     gate = threading.Event()
     engine.on_apply = lambda hosts: gate.wait(10)
@@ -1330,3 +1333,23 @@ def test_a_host_left_applying_by_a_killed_reconciler_is_the_next_batch(
     assert applies(engine) == [("a",), ("c",)], "out of service already: c before b"
     assert store.host("c").rollout_phase is None
     assert store.host("b").rollout_phase == "queued"
+
+
+def test_labels_changing_under_a_batch_applying_are_not_cluster_drift(store: StateStore) -> None:
+    """The batch's apply relabels its Node (a new driver version): a cycle meanwhile
+    that reads the labels half-way is not to take them for drift and repair them."""
+    _, engine, clock = cluster_fleet(store, "a", "b")
+    reconciler, _ = in_the_loop(store, engine, clock)
+    upgrade_driver(engine, "a", k8s_manifests_apply=True)
+    gate = threading.Event()
+    engine.on_apply = lambda hosts: gate.wait(10)
+    try:
+        reconciler.cycle()
+        engine.cluster.drift = [label_drift("a")]
+        during = reconciler.cycle()
+    finally:
+        gate.set()
+    assert during.cluster == "converged"
+    assert store.cluster().drift == []
+    assert applies(engine) == [("a",)], "nothing applied to repair a's labels"
+    assert [e for e in store.history("a") if e.kind == "drift"] == []
