@@ -9,6 +9,8 @@ repository (`repo`) mounted read-only at /srv/gpufleet-repo.
     python tests/sim/fleet.py up               # the fleet of inventories/sim
     python tests/sim/fleet.py up --node gpu1=t4-1 --node cpu1=none
     python tests/sim/fleet.py up --count 20 --profile t4-1 --write-inventory out/hosts.yml
+    python tests/sim/fleet.py up --copy-of sim-node01 --node sim-node02=t4-1  # a benchmark's
+                                               # shortcut: a copy of a converged node's disk
     python tests/sim/fleet.py list | status | reboot NODE | down [NODE ...]
     python tests/sim/fleet.py drift NODE stop-service nvidia-persistenced
     python tests/sim/fleet.py cluster          # a control plane with one Node per running node
@@ -282,8 +284,19 @@ def start_node(spec: NodeSpec, tag: str, repo: Path) -> None:
     )
 
 
-def up(specs: Sequence[NodeSpec], mirror: str) -> None:
-    tag = build_image(mirror)
+def snapshot(source: str) -> str:
+    """An image of a node's disk as it is now (podman commit): nodes started from it
+    boot as that node would after a restart. For benchmarks of a converged fleet,
+    which would otherwise onboard every node."""
+    tag = f"localhost/gpufleet-node-copy:{source}"
+    podman("commit", "--quiet", source, tag)
+    return tag
+
+
+def up(specs: Sequence[NodeSpec], mirror: str, copy_of: str | None = None) -> None:
+    if copy_of in {s.name for s in specs}:
+        raise FleetError(f"--copy-of {copy_of}: the node copied cannot be one of those started")
+    tag = snapshot(copy_of) if copy_of else build_image(mirror)
     repo = build_repo()
     for spec in specs:
         start_node(spec, tag, repo)
@@ -352,6 +365,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     start.add_argument("--profile", default="t4-1")
     start.add_argument("--prefix", default="sim-node")
     start.add_argument("--write-inventory", type=Path, metavar="FILE")
+    start.add_argument(
+        "--copy-of",
+        metavar="NODE",
+        help="start the nodes from a copy of NODE's disk (a benchmark's shortcut past onboarding)",
+    )
     stop = sub.add_parser("down", help="remove nodes (default: every simulated node)")
     stop.add_argument("names", nargs="*")
     sub.add_parser("list", help="list simulated nodes")
@@ -389,7 +407,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 specs = args.node
             else:
                 specs = inventory_nodes(args.inventory)
-            up(specs, args.mirror)
+            up(specs, args.mirror, args.copy_of)
             if args.write_inventory:
                 write_inventory(specs, args.write_inventory)
         elif args.command == "down":

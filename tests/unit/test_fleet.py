@@ -66,3 +66,8 @@ def test_fleet_cli_reports_errors_in_words(tmp_path):
     assert result.returncode == 1
     assert result.stderr.startswith("fleet: ")
     assert "Traceback" not in result.stderr
+
+
+def test_a_node_is_not_started_as_a_copy_of_itself() -> None:
+    with pytest.raises(fleet.FleetError, match="--copy-of b: the node copied cannot be one"):
+        fleet.up([fleet.NodeSpec("a", "t4-1"), fleet.NodeSpec("b", "t4-1")], "mirror", "b")
