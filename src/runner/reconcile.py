@@ -343,9 +343,7 @@ class Reconciler:
         while True:
             report = self.cycle()
             if once or self.stop.requested:
-                if self._batches:
-                    log.info("waiting for the batch(es) applying: %s", self._applying_text())
-                    self._collect(report, wait=True)
+                self._finish_batches(report)
                 return report
             delay = self.settings.interval * _jitter(self.settings, self.rng)
             if report.next_batch_at is not None:
@@ -363,7 +361,7 @@ class Reconciler:
             ):
                 self.sleep(min(1.0, deadline - self.clock()))
             if self.stop.requested:
-                self._collect(report, wait=True)
+                self._finish_batches(report)
                 return report
 
     def cycle(self) -> CycleReport:
@@ -1071,9 +1069,15 @@ class Reconciler:
         """The hosts of the batches under way, each with its batch."""
         return {host: batch for batch in self._batches.values() for host in batch.hosts}
 
-    def _applying_text(self) -> str:
-        batches = sorted(self._batches.items())
-        return "; ".join(f"pool {pool}: {', '.join(batch.hosts)}" for pool, batch in batches)
+    def _finish_batches(self, report: CycleReport) -> None:
+        """Wait for every batch under way and take its results into `report`."""
+        if self._batches:
+            batches = sorted(self._batches.items())
+            log.info(
+                "waiting for the batch(es) applying: %s",
+                "; ".join(f"pool {pool}: {', '.join(b.hosts)}" for pool, b in batches),
+            )
+            self._collect(report, wait=True)
 
     def _finish_batch(self, batch: _Batch, rollout: RolloutRecord, report: CycleReport) -> None:
         """Take a batch's apply in: hosts whose change applied and validated are
