@@ -122,7 +122,8 @@ bench: image repo
 # Scenario gpu-vm needs VMs with passthrough GPUs: only its syntax is checked here.
 # Scenario cluster runs against the test control plane (molecule-cluster).
 molecule: image repo
-	export GPUSIM_IMAGE=$$($(FLEET) image) GPUFLEET_REPO=$$($(FLEET) repo); \
+	image=$$($(FLEET) image); repo=$$($(FLEET) repo); \
+	  export GPUSIM_IMAGE=$$image GPUFLEET_REPO=$$repo; \
 	  molecule test -s default && molecule test -s driver && molecule test -s runtime
 	molecule syntax -s gpu-vm
 	@echo "molecule gpu-vm: converge/verify skipped: needs VMs with PCI-passthrough GPUs" \
@@ -144,7 +145,8 @@ molecule-cluster: image repo controlplane
 	  started=$$([ -e .cache/cluster/pids/kube-apiserver.pid ] || echo yes); \
 	  trap '[ -z "'$$started'" ] || $(FLEET) cluster-down; \
 	    $(FLEET) down $(MOLECULE_CLUSTER_NAMES)' EXIT; \
-	  export KUBECONFIG=$$($(FLEET) cluster $(MOLECULE_CLUSTER_NAMES)) \
+	  kubeconfig=$$($(FLEET) cluster $(MOLECULE_CLUSTER_NAMES)); \
+	  export KUBECONFIG=$$kubeconfig \
 	    GPUFLEET_CLUSTER_INVENTORY=$(MOLECULE_CLUSTER)/hosts.yml \
 	    GPUFLEET_CLUSTER_GROUP_VARS=$(MOLECULE_CLUSTER)/group_vars; \
 	  molecule test -s cluster

@@ -477,6 +477,22 @@ def kubectl(bin_dir: Path, *args: str, stdin: str | None = None) -> str:
     return result.stdout
 
 
+def wait_for(bin_dir: Path, condition: str, *objects: str, timeout: float = 60.0) -> None:
+    """`kubectl wait --for=condition=CONDITION` on OBJECTS, asked again while an object
+    has no conditions yet: kubectl gives up at once ("accessor error") on an object
+    whose status.conditions is still empty, as a CRD or a Node just created can be."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = max(1, int(deadline - time.monotonic()))
+        try:
+            kubectl(bin_dir, "wait", f"--for=condition={condition}", f"--timeout={left}s", *objects)
+            return
+        except ClusterError as error:
+            if "accessor error" not in str(error) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.5)
+
+
 # --- the verbs --------------------------------------------------------------------
 
 
@@ -508,13 +524,7 @@ def up(node_names: Iterable[str]) -> Path:
         running = _running_pid(component.name, component.argv[0]) is not None
         _wait_healthy(component, None if running else _start(component))
     kubectl(bin_dir, "apply", "--server-side", "-f", "-", stdin=servicemonitor_crd())
-    kubectl(
-        bin_dir,
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        "crd/servicemonitors.monitoring.coreos.com",
-    )
+    wait_for(bin_dir, "Established", "crd/servicemonitors.monitoring.coreos.com")
     register_nodes(bin_dir, node_names)
     return KUBECONFIG
 
@@ -549,13 +559,7 @@ def register_nodes(bin_dir: Path, names: Iterable[str]) -> None:
         }
         kubectl(bin_dir, "create", "-f", "-", stdin=json.dumps(node))
     if wanted:
-        kubectl(
-            bin_dir,
-            "wait",
-            "--for=condition=Ready",
-            "--timeout=60s",
-            *(f"node/{n}" for n in wanted),
-        )
+        wait_for(bin_dir, "Ready", *(f"node/{n}" for n in wanted))
 
 
 def down() -> list[str]:

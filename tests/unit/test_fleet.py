@@ -9,6 +9,7 @@ import sys
 import pytest
 import yaml
 
+import cluster
 import fleet
 
 
@@ -71,3 +72,33 @@ def test_fleet_cli_reports_errors_in_words(tmp_path):
 def test_a_node_is_not_started_as_a_copy_of_itself() -> None:
     with pytest.raises(fleet.FleetError, match="--copy-of b: the node copied cannot be one"):
         fleet.up([fleet.NodeSpec("a", "t4-1"), fleet.NodeSpec("b", "t4-1")], "mirror", "b")
+
+
+def _fake_kubectl(directory, script: str):
+    kubectl = directory / "kubectl"
+    kubectl.write_text("#!/bin/sh\n" + script)
+    kubectl.chmod(0o755)
+    return directory
+
+
+def test_waiting_for_a_condition_asks_again_while_the_object_has_none_yet(tmp_path):
+    """kubectl wait fails at once on a CRD or Node whose status.conditions is still
+    empty (as just after it was created); the fixture asks again until it is met."""
+    calls = tmp_path / "calls"
+    bin_dir = _fake_kubectl(
+        tmp_path,
+        f'echo "$@" >> {calls}\n'
+        f'if [ "$(wc -l < {calls})" -lt 3 ]; then\n'
+        '  echo "error: .status.conditions accessor error: <nil> is of the type <nil>, '
+        'expected []interface{}" >&2; exit 1\nfi\n',
+    )
+    cluster.wait_for(bin_dir, "Established", "crd/x.example.com", timeout=10)
+    lines = calls.read_text().splitlines()
+    assert len(lines) == 3
+    assert "wait --for=condition=Established" in lines[-1] and "crd/x.example.com" in lines[-1]
+
+
+def test_waiting_for_a_condition_gives_up_on_any_other_error(tmp_path):
+    bin_dir = _fake_kubectl(tmp_path, 'echo "error: timed out waiting" >&2; exit 1\n')
+    with pytest.raises(cluster.ClusterError, match="timed out waiting"):
+        cluster.wait_for(bin_dir, "Ready", "node/a", timeout=10)
