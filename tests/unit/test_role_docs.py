@@ -42,3 +42,17 @@ def test_every_relative_link_in_the_docs_resolves() -> None:
         and not (page.parent / target).resolve().exists()
     ]
     assert not broken, broken
+
+
+def test_the_variables_a_role_page_explains_are_the_roles() -> None:
+    """roles/<role>/README.md explains its main settings by hand (what they do; types
+    and defaults are in the generated page): every variable it names is in the spec."""
+    import re
+
+    for readme in sorted(PROJECT.glob("roles/*/README.md")):
+        spec = yaml.safe_load((readme.parent / "meta" / "argument_specs.yml").read_text())
+        known = {n for entry in spec["argument_specs"].values() for n in entry.get("options") or {}}
+        for row in re.findall(r"(?m)^\| (`[^|]*`) \|", readme.read_text()):
+            for name in re.findall(r"`([a-z0-9_]+)`", row):
+                if name.startswith(readme.parent.name.split("_")[0]):
+                    assert name in known, f"{readme.relative_to(PROJECT)}: {name}"
