@@ -166,13 +166,15 @@ class Engine(Protocol):
 
 
 def project_hash(root: Path) -> str:
-    """A hash of every file the playbooks run (roles, collection, playbooks)."""
+    """A hash of every file the playbooks run (roles, collection, playbooks); not of
+    their documentation or the collection's changelog, which change no run (editing
+    a role's README must not re-plan the fleet)."""
     digest = hashlib.sha256()
     for part in PROJECT_PARTS:
         base = root / part
         paths = [base] if base.is_file() else sorted(p for p in base.rglob("*") if p.is_file())
         for path in paths:
-            if "__pycache__" in path.parts:
+            if {"__pycache__", "changelogs"} & set(path.parts) or path.suffix in (".md", ".rst"):
                 continue
             digest.update(str(path.relative_to(root)).encode() + b"\0")
             digest.update(hashlib.sha256(path.read_bytes()).digest())

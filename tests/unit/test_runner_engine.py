@@ -22,6 +22,7 @@ from runner.engine import (
     HostRun,
     default_forks,
     inventory_forks,
+    project_hash,
     stage_passed,
 )
 
@@ -222,3 +223,20 @@ def test_a_run_beside_the_loops_runs_has_its_own_run_directory(tmp_path: Path):
     assert other.work_dir == tmp_path / "ansible" / "beside"
     assert engine.work_dir == tmp_path / "ansible"
     assert (other.inventory_path, other.forks, other.extravars) == ("inventory.yml", 7, {"x": 1})
+
+
+def test_the_project_hash_follows_what_runs_not_its_documentation(tmp_path: Path):
+    tasks = tmp_path / "roles" / "driver" / "tasks" / "main.yml"
+    tasks.parent.mkdir(parents=True)
+    tasks.write_text("- ansible.builtin.debug: {msg: one}\n")
+    readme = tmp_path / "roles" / "driver" / "README.md"
+    readme.write_text("# The driver stage\n")
+    fragment = tmp_path / "collections" / "ansible_collections" / "changelogs" / "f.yaml"
+    fragment.parent.mkdir(parents=True)
+    fragment.write_text("minor_changes: [a]\n")
+    before = project_hash(tmp_path)
+    readme.write_text("# The driver stage, explained better\n")
+    fragment.write_text("minor_changes: [a, b]\n")
+    assert project_hash(tmp_path) == before
+    tasks.write_text("- ansible.builtin.debug: {msg: two}\n")
+    assert project_hash(tmp_path) != before
