@@ -293,9 +293,30 @@ def snapshot(source: str) -> str:
     return tag
 
 
+# systemd in a node holds about six inotify instances (measured on a booted node),
+# counted against one limit for all of root's processes.
+INOTIFY_LIMIT = Path("/proc/sys/fs/inotify/max_user_instances")
+INOTIFY_PER_NODE = 6
+
+
+def check_inotify(nodes: int, limit_file: Path = INOTIFY_LIMIT) -> None:
+    """Refuse to start more nodes than the host's inotify limit lets boot (systemd in
+    the later ones would fail, and the error would only be a boot timeout)."""
+    limit = int(limit_file.read_text())
+    if nodes * INOTIFY_PER_NODE > limit:
+        raise FleetError(
+            f"{nodes} nodes need about {nodes * INOTIFY_PER_NODE} inotify instances, and "
+            f"fs.inotify.max_user_instances is {limit}: systemd would not boot in the later "
+            f"nodes. Raise it first (sysctl -w fs.inotify.max_user_instances="
+            f"{max(1024, nodes * INOTIFY_PER_NODE * 2)})"
+        )
+
+
 def up(specs: Sequence[NodeSpec], mirror: str, copy_of: str | None = None) -> None:
     if copy_of in {s.name for s in specs}:
         raise FleetError(f"--copy-of {copy_of}: the node copied cannot be one of those started")
+    running = {n["name"] for n in running_nodes() if n["state"] == "running"}
+    check_inotify(len(running | {s.name for s in specs}))
     tag = snapshot(copy_of) if copy_of else build_image(mirror)
     repo = build_repo()
     for spec in specs:

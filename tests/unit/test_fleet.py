@@ -102,3 +102,11 @@ def test_waiting_for_a_condition_gives_up_on_any_other_error(tmp_path):
     bin_dir = _fake_kubectl(tmp_path, 'echo "error: timed out waiting" >&2; exit 1\n')
     with pytest.raises(cluster.ClusterError, match="timed out waiting"):
         cluster.wait_for(bin_dir, "Ready", "node/a", timeout=10)
+
+
+def test_more_nodes_than_the_inotify_limit_lets_boot_are_refused(tmp_path):
+    limit = tmp_path / "max_user_instances"
+    limit.write_text("128\n")
+    fleet.check_inotify(20, limit)
+    with pytest.raises(fleet.FleetError, match=r"50 nodes need about 300 inotify instances.*is 128"):
+        fleet.check_inotify(50, limit)
