@@ -521,9 +521,14 @@ def _host_line(record: HostRecord) -> str:
 
 
 def _stage_text(record: HostRecord, stage: str) -> str:
-    """`stage=status`; the MIG stage names the layout it keeps: mig=ready:all-balanced."""
+    """`stage=status`; the MIG stage names the layout it keeps (mig=ready:all-balanced),
+    the Slurm stage the node's state in Slurm (slurm_gres=ready:IDLE)."""
     text = f"{stage}={record.stages[stage]}"
-    return f"{text}:{record.mig_layout}" if stage == "mig" and record.mig_layout else text
+    if stage == "mig" and record.mig_layout:
+        return f"{text}:{record.mig_layout}"
+    if stage == "slurm_gres" and record.slurm_state:
+        return f"{text}:{record.slurm_state}"
+    return text
 
 
 def cmd_status(args: argparse.Namespace) -> int:

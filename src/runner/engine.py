@@ -21,7 +21,16 @@ from pathlib import Path
 from typing import Any, Protocol
 
 # The node stages in the order site.yml runs them; the role of each is its name.
-STAGES = ("driver", "mig", "toolkit", "runtime_config", "validator", "device_plugin", "exporter")
+STAGES = (
+    "driver",
+    "mig",
+    "toolkit",
+    "runtime_config",
+    "validator",
+    "device_plugin",
+    "exporter",
+    "slurm_gres",
+)
 # Stage statuses that need no repair: those under which the next stage builds on a
 # stage (the collection's summary filter, PASSING there) and a node without GPUs.
 PASSING = ("ready", "pre-installed", "disabled", "not-a-gpu-node")

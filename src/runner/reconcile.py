@@ -1198,6 +1198,7 @@ def _take_stages(record: HostRecord, run: HostRun) -> None:
         record.stages = {s: str(run.stages[s].get("status")) for s in STAGES if s in run.stages}
         mig = run.stages.get("mig") or {}
         record.mig_layout = str(mig.get("config") or "") if mig.get("status") == "ready" else ""
+        record.slurm_state = str((run.stages.get("slurm_gres") or {}).get("slurm_state") or "")
 
 
 def _status_from(run: HostRun, record: HostRecord) -> HostStatus:

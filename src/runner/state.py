@@ -26,7 +26,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 DATABASE_NAME = "state.db"
 DEFAULT_HISTORY_LIMIT = 5000
 
@@ -91,8 +91,12 @@ CREATE TABLE rollouts (
 );
 UPDATE hosts SET rollout_pool = 'all' WHERE rollout_phase IS NOT NULL;
 """
+# Schema 5: the node's state in Slurm as the last run that reached it saw it.
+_SCHEMA_5 = """
+ALTER TABLE hosts ADD COLUMN slurm_state TEXT NOT NULL DEFAULT '';
+"""
 # From schema N to N + 1; a new database runs all of them after _SCHEMA.
-_MIGRATIONS = {1: _SCHEMA_2, 2: _SCHEMA_3, 3: _SCHEMA_4}
+_MIGRATIONS = {1: _SCHEMA_2, 2: _SCHEMA_3, 3: _SCHEMA_4, 4: _SCHEMA_5}
 
 
 class StateError(Exception):
@@ -152,6 +156,9 @@ class HostRecord:
     # The MIG layout (mig_config) the last run that reached the host left on it; ''
     # where gpufleet leaves MIG alone.
     mig_layout: str = ""
+    # The node's state in Slurm (IDLE, MIXED, DRAIN, ...) as the slurm_gres stage of the
+    # last run that reached it read it; '' where gpufleet does not manage Slurm's GRES.
+    slurm_state: str = ""
 
 
 @dataclass

@@ -15,6 +15,8 @@ repository (`repo`) mounted read-only at /srv/gpufleet-repo.
     python tests/sim/fleet.py drift NODE stop-service nvidia-persistenced
     python tests/sim/fleet.py cluster          # a control plane with one Node per running node
     python tests/sim/fleet.py cluster-down     # stop it (see tests/sim/cluster.py)
+    python tests/sim/fleet.py slurm sim-cpu sim-t4 sim-a100  # Slurm: controller, GPU nodes
+    python tests/sim/fleet.py slurm-down       # stop it (see tests/sim/slurm.py)
 
 Podman reads its settings from tests/sim/containers.conf through CONTAINERS_CONF;
 the host's /etc/containers is never touched.
@@ -38,6 +40,7 @@ from pathlib import Path
 import yaml
 
 import cluster
+import slurm
 
 SIM_DIR = Path(__file__).resolve().parent
 PROJECT = SIM_DIR.parent.parent
@@ -411,6 +414,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "nodes", nargs="*", metavar="NODE", help="register only these simulated nodes"
     )
     sub.add_parser("cluster-down", help="stop the test control plane and forget it")
+    slurm_parser = sub.add_parser(
+        "slurm",
+        help="start or refresh Slurm: slurmctld on CONTROLLER, slurmd on each NODE; print "
+        "what Slurm reports for each node",
+    )
+    slurm_parser.add_argument("controller", metavar="CONTROLLER")
+    slurm_parser.add_argument("nodes", nargs="+", metavar="NODE")
+    sub.add_parser("slurm-down", help="stop Slurm's daemons and forget the cluster")
     args = parser.parse_args(argv)
 
     try:
@@ -454,6 +465,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "cluster-down":
             for name in cluster.down():
                 print(f"{name}: stopped")
+        elif args.command == "slurm":
+            running = {n["name"] for n in running_nodes() if n["state"] == "running"}
+            missing = sorted({args.controller, *args.nodes} - running)
+            if missing:
+                raise FleetError(f"not running simulated nodes: {', '.join(missing)}")
+            for name, node in slurm.up(args.controller, args.nodes).items():
+                print(f"{name}: {node.get('State')} gres={node.get('Gres')}")
+        elif args.command == "slurm-down":
+            for name in slurm.down():
+                print(f"{name}: stopped")
         elif args.command == "drift":
             result = podman(
                 "exec", args.name, "/opt/gpusim/bin/gpusim", "drift", *args.drift_args, check=False
@@ -461,7 +482,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.stdout.write(result.stdout)
             sys.stderr.write(result.stderr)
             return result.returncode
-    except (FleetError, cluster.ClusterError) as exc:
+    except (FleetError, cluster.ClusterError, slurm.SlurmError) as exc:
         print(f"fleet: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -11,6 +11,7 @@ import yaml
 
 import cluster
 import fleet
+import slurm
 
 
 def test_image_tag_changes_when_the_kit_changes(tmp_path, monkeypatch):
@@ -111,3 +112,32 @@ def test_more_nodes_than_the_inotify_limit_lets_boot_are_refused(tmp_path):
     needed = r"50 nodes need about 300 inotify instances.*is 128"
     with pytest.raises(fleet.FleetError, match=needed):
         fleet.check_inotify(50, limit)
+
+
+def test_slurm_fixture_names_each_node_by_its_address():
+    """Podman's network has no DNS and a node's /etc/hosts does not keep additions
+    across a reboot: slurm.conf carries the addresses."""
+    line = slurm.with_address(
+        "NodeName=gpu1 NodeAddr=10.0.0.9 CPUs=2 RealMemory=100 Gres=gpu:tesla_t4:1", "10.88.0.5"
+    )
+    assert line == "NodeName=gpu1 NodeAddr=10.88.0.5 CPUs=2 RealMemory=100 Gres=gpu:tesla_t4:1"
+    conf = slurm.slurm_conf("head", "10.88.0.2", [line]).splitlines()
+    assert "SlurmctldHost=head(10.88.0.2)" in conf
+    assert "GresTypes=gpu" in conf
+    assert conf[-2:] == [line, "PartitionName=gpu Nodes=ALL Default=YES MaxTime=INFINITE State=UP"]
+
+
+@pytest.mark.parametrize(
+    ("state", "registered"),
+    [
+        ("IDLE", True),
+        ("IDLE+DRAIN", True),
+        ("UNKNOWN+DRAIN+INVALID_REG", True),  # registered, and refused: counts as an answer
+        ("UNKNOWN", False),
+        ("IDLE*", False),  # not responding, as sinfo writes it
+        ("IDLE+NOT_RESPONDING", False),  # as scontrol writes it
+        ("absent", False),
+    ],
+)
+def test_slurm_fixture_waits_for_a_registration(state, registered):
+    assert slurm._registered(state) is registered

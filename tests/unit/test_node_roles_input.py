@@ -73,6 +73,12 @@ H100 = "0x2330"
         ),
         ("exporter", {"exporter_port": 70000}, "exporter_port: expected a TCP port, 1-65535"),
         ("exporter", {"exporter_mode": "daemonset"}, "exporter_mode"),
+        (
+            "slurm_gres",
+            {"slurm_gres_manage": True, "slurm_gres_types": {"Tesla T4": "tesla t4"}},
+            "slurm_gres_types: expected GPU model names (as NVML reports them) mapped to GRES",
+        ),
+        ("slurm_gres", {"slurm_gres_conf_path": "gres.conf"}, "slurm_gres_conf_path"),
         ("mig", {"mig_config": "all-halves"}, "mig_config 'all-halves'"),
         ("mig", {"mig_config": "all-halves"}, "no layout named 'all-halves'"),
         # An A100 40GB profile: no entry of the shipped layout reaches an H100.

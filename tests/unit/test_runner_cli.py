@@ -224,8 +224,14 @@ def _seed(state: Path) -> None:
             HostRecord(
                 "gpu-a",
                 status="converged",
-                stages={"driver": "ready", "mig": "ready", "toolkit": "pre-installed"},
+                stages={
+                    "driver": "ready",
+                    "mig": "ready",
+                    "toolkit": "pre-installed",
+                    "slurm_gres": "ready",
+                },
                 mig_layout="all-balanced",
+                slurm_state="MIXED",
                 last_reconcile=1.0,
             )
         )
@@ -271,7 +277,9 @@ def test_status_shows_each_host_state_in_words(capsys, state):
     assert code == cli.Exit.FAILED, "a quarantined host makes status non-zero"
     lines = {line.split()[0]: line for line in out.splitlines()[1:]}
     assert "converged (pre-installed: toolkit)" in lines["gpu-a"]
-    assert "driver=ready mig=ready:all-balanced toolkit=pre-installed" in lines["gpu-a"]
+    assert (
+        "driver=ready mig=ready:all-balanced toolkit=pre-installed slurm_gres=ready:MIXED"
+    ) in lines["gpu-a"]
     assert "quarantined (toolkit: nvidia-ctk missing)" in lines["gpu-b"]
     assert "drifted (runtime_config)" in lines["gpu-c"]
     assert "reboot-required (driver: nouveau holds the GPUs; reboot the node)" in lines["gpu-d"]

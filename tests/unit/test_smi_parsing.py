@@ -56,6 +56,13 @@ def test_query_xml_without_mig():
     assert gpu["mig_devices"] == []
     assert gpu["memory_mib"] == 15360
     assert gpu["persistence_mode"] is False
+    assert gpu["minor_number"] == 0  # /dev/nvidia0
+
+
+def test_query_xml_without_minor_number():
+    # The A100 fixture leaves <minor_number> out: unknown, not 0.
+    facts = smi.parse_query_xml((SMI / "a100-mig.xml").read_text())
+    assert facts["gpus"][0]["minor_number"] is None
 
 
 def test_query_xml_rejects_other_documents():

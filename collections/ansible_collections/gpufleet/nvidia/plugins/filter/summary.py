@@ -33,6 +33,7 @@ STAGES = (
     ("validator", "validator_stage"),
     ("device_plugin", "device_plugin_stage"),
     ("exporter", "exporter_stage"),
+    ("slurm_gres", "slurm_gres_stage"),
 )
 # Statuses under which the next stage may build on a stage ("disabled": switched
 # off by its mode, which does not hold later stages back).
@@ -53,6 +54,21 @@ def ready_for(hostvars, stage):
     return all(
         stage_passed(hostvars.get(fact) or {}) for _name, fact in STAGES[: names.index(stage)]
     )
+
+
+def stages_not_passed(hostvars, stages):
+    """'<stage> <status>' for each of `stages` that published an outcome on the host
+    and did not pass; a stage that did not run (no outcome) is not counted."""
+    names = [name for name, _fact in STAGES]
+    unknown = [s for s in stages if s not in names]
+    if unknown:
+        raise ValueError(f"unknown stage(s) {', '.join(unknown)}; stages are {', '.join(names)}")
+    found = []
+    for name, fact in STAGES:
+        outcome = hostvars.get(fact)
+        if name in stages and outcome and not stage_passed(outcome):
+            found.append(f"{name} {outcome.get('status')}")
+    return found
 
 
 def furthest_stage(hostvars):
@@ -109,4 +125,5 @@ class FilterModule:
             "stage_failures": stage_failures,
             "ready_for": ready_for,
             "furthest_stage": furthest_stage,
+            "stages_not_passed": stages_not_passed,
         }

@@ -99,6 +99,8 @@ def gpu_list(
                 "name": row.get("name") or (model.name if model else None),
                 "name_source": "nvml" if row.get("name") else ("pci-id-table" if model else None),
                 "uuid": row.get("uuid"),
+                # /dev/nvidia<minor_number>, when the driver answers.
+                "minor_number": detail.get("minor_number"),
                 "memory_mib": row.get("memory.total") or (model.memory_mib if model else None),
                 "compute_major": compute_major,
                 "compute_minor": compute_minor,

@@ -45,6 +45,8 @@ _RUNTIME_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 _CHECKSUM = re.compile(r"^(sha256:[0-9a-f]{64}|sha512:[0-9a-f]{128})$")
 _MIG_CONFIG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _HOST_PORT = re.compile(r"^[^\s:/]+:[0-9]{1,5}$")
+# A GRES type as gres.conf and slurm.conf take it (gpu:<type>:<count>).
+_SLURM_TYPE = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 RUNTIMES = ("containerd", "docker", "crio")
 TOLERATION_KEYS = ("key", "operator", "value", "effect", "tolerationSeconds")
@@ -228,6 +230,18 @@ RULES = {
     ),
     "exporter_port": _PORT,
     "exporter_hostengine_address": (_match(_HOST_PORT), "host:port of DCGM's host engine"),
+    "slurm_gres_conf_path": _PATH,
+    "slurm_gres_node_line_path": _PATH,
+    "slurm_gres_types": (
+        lambda value: all(
+            isinstance(k, str) and k.strip() and isinstance(v, str) and _SLURM_TYPE.match(v)
+            for k, v in value.items()
+        ),
+        "GPU model names (as NVML reports them) mapped to GRES types of letters, digits, "
+        "_, - and . (no spaces, colons or commas)",
+    ),
+    "slurm_gres_service": (_match(_UNIT), "a systemd unit name"),
+    "slurm_gres_verify_timeout": _TIMEOUT,
     "k8s_manifests_render_dir": _OPTIONAL_PATH,
     "k8s_manifests_kubeconfig": (
         _optional(lambda value: _absolute(value) or (_absolute(value[1:]) and value[0] == "~")),

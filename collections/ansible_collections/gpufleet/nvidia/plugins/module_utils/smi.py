@@ -86,6 +86,10 @@ def _text(node: ET.Element | None, path: str) -> str | None:
     return _value(found.text)
 
 
+def _int(text: str | None) -> int | None:
+    return int(text) if text is not None and text.isdigit() else None
+
+
 def _mib(text: str | None) -> int | None:
     if text is None:
         return None
@@ -121,6 +125,8 @@ def parse_query_xml(output: str) -> dict[str, Any]:
                 "product_name": _text(gpu, "product_name"),
                 "product_architecture": _text(gpu, "product_architecture"),
                 "uuid": _text(gpu, "uuid"),
+                # The N of the GPU's /dev/nvidiaN (not always its index).
+                "minor_number": _int(_text(gpu, "minor_number")),
                 "serial": _text(gpu, "serial"),
                 "pci_bus_id": gpu.get("id") or _text(gpu, "pci/pci_bus_id"),
                 "memory_mib": _mib(_text(gpu, "fb_memory_usage/total")),

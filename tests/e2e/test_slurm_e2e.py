@@ -1,0 +1,141 @@
+"""Slurm's GRES from real facts, checked by real Slurm (Debian's slurmctld and slurmd
+from tests/sim/slurm.py) on a simulated T4 and a CPU-only head node.
+
+The tests run in order, each on what the one before left, as a site would meet them:
+gpufleet declares the GPU and says what slurm.conf lacks; the administrator puts the
+rendered line in; Slurm then schedules a GPU job; a node whose validation fails is
+withdrawn and comes back by itself once it passes again; a drain an administrator set
+is left alone.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from test_runner_e2e import FLEET, Fleet, start_fleet
+
+NODES = {"slurm-head": "none", "slurm-t4": "t4-1"}
+HEAD, GPU = "slurm-head", "slurm-t4"
+SLURM = [*FLEET, "slurm", HEAD, GPU]
+
+pytestmark = pytest.mark.fleet
+
+
+class SlurmFleet(Fleet):
+    def reconcile(self, *args: str) -> subprocess.CompletedProcess[str]:
+        # A failed host is tried again by the next cycle here.
+        return self.runner("reconcile", "--backoff-base", "1", "--backoff-cap", "1", *args)
+
+    def scontrol(self) -> dict[str, str]:
+        """The GPU node as slurmctld reports it (asked on the head node)."""
+        out = self.on_node(HEAD, "scontrol", "--oneliner", "show", "node", GPU).stdout
+        line, _, reason = out.strip().partition(" Reason=")
+        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+        return {**fields, "Reason": reason}
+
+    def set_host_vars(self, **variables: object) -> None:
+        text = json.dumps({"slurm_gres_manage": True, **variables})
+        (self.inventory / "host_vars" / f"{GPU}.yml").write_text(text + "\n")
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmFleet]:
+    work = tmp_path_factory.mktemp("slurm")
+    inventory = start_fleet(work, NODES)
+    (inventory / "host_vars").mkdir()
+    subprocess.run(SLURM, check=True)
+    sim = SlurmFleet(inventory, work / "state")
+    sim.set_host_vars()
+    try:
+        yield sim
+    finally:
+        subprocess.run([*FLEET, "slurm-down"], check=False)
+        subprocess.run([*FLEET, "down", *NODES], check=False)
+
+
+def _smi(fleet: Fleet, field: str) -> str:
+    """A GPU field as NVIDIA's nvidia-smi on the node reports it."""
+    out = fleet.on_node(GPU, "nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader")
+    return out.stdout.strip()
+
+
+def test_the_gpu_is_declared_from_its_facts_and_the_missing_slurm_conf_line_is_named(
+    fleet: SlurmFleet,
+):
+    result = fleet.reconcile("--once")
+    assert result.returncode == 1, result.stdout + result.stderr
+    record = fleet.status()[GPU]
+    assert (record["status"], record["failed_stage"]) == ("failed", "slurm_gres"), result.stdout
+    # The type is the name NVML gives the GPU, as Slurm's AutoDetect writes it; the
+    # device file is the one the driver made for it.
+    gres_type = _smi(fleet, "name").lower().replace(" ", "_")
+    assert gres_type == "tesla_t4"
+    gres_conf = fleet.on_node(GPU, "cat", "/etc/slurm/gres.conf").stdout
+    minor = fleet.on_node(GPU, "nvidia-smi", "-q").stdout.split("Minor Number")[1].split()[1]
+    assert f"Name=gpu Type={gres_type} File=/dev/nvidia{minor}" in gres_conf.splitlines()
+    assert fleet.on_node(GPU, "test", "-c", f"/dev/nvidia{minor}").returncode == 0
+    # slurm.conf does not declare the GPU yet: the failure says the line it needs.
+    rendered = fleet.on_node(GPU, "cat", "/etc/gpufleet/slurm/node.conf").stdout.splitlines()[-1]
+    assert rendered.startswith(f"NodeName={GPU} ") and rendered.endswith(f" Gres=gpu:{gres_type}:1")
+    assert f"its line there should be {rendered}" in " ".join(record["reason"].split())
+    assert fleet.scontrol()["Gres"] == "(null)"
+
+
+def test_with_the_rendered_line_in_slurm_conf_slurm_schedules_the_gpu(fleet: SlurmFleet):
+    # The administrator's step: put the rendered line into slurm.conf and reconfigure.
+    subprocess.run(SLURM, check=True)
+    result = fleet.reconcile("--once")
+    assert result.returncode == 0, result.stdout + result.stderr
+    record = fleet.status()[GPU]
+    assert record["stages"]["slurm_gres"] == "ready"
+    assert record["slurm_state"] == "IDLE"
+    line = next(ln for ln in fleet.runner("status").stdout.splitlines() if ln.startswith(GPU))
+    assert "slurm_gres=ready:IDLE" in line
+    sinfo = fleet.on_node(HEAD, "sinfo", "-N", "-h", "-o", "%N %G %T").stdout.split()
+    assert sinfo == [GPU, "gpu:tesla_t4:1", "idle"]
+    job = fleet.on_node(
+        HEAD, "srun", "-w", GPU, "--gres=gpu:tesla_t4:1", "bash", "-c", "echo $CUDA_VISIBLE_DEVICES"
+    )
+    assert (job.returncode, job.stdout.strip()) == (0, "0"), job.stderr
+
+
+def test_a_second_pass_changes_nothing_and_an_administrators_drain_stays(fleet: SlurmFleet):
+    drained = fleet.on_node(
+        HEAD, "scontrol", "update", f"NodeName={GPU}", "State=DRAIN", "Reason=disk check"
+    )
+    assert drained.returncode == 0, drained.stderr
+    result = fleet.site(GPU, {})
+    assert result.returncode == 0, result.stdout[-3000:]
+    recap = next(ln for ln in result.stdout.splitlines() if ln.startswith(f"{GPU} "))
+    assert "changed=0" in recap, recap
+    node = fleet.scontrol()
+    assert "DRAIN" in node["State"] and node["Reason"].startswith("disk check"), node
+    assert (
+        fleet.on_node(HEAD, "scontrol", "update", f"NodeName={GPU}", "State=RESUME").returncode == 0
+    )
+
+
+def test_a_node_whose_validation_fails_is_withdrawn_then_comes_back(fleet: SlurmFleet):
+    # A CUDA sample that is not there: validation fails, so the GPU is withdrawn.
+    fleet.set_host_vars(validator_cuda_sample="/opt/missing/vectorAdd")
+    result = fleet.reconcile("--once")
+    assert result.returncode == 1, result.stdout + result.stderr
+    record = fleet.status()[GPU]
+    assert (record["failed_stage"], record["stages"]["slurm_gres"]) == ("validator", "withdrawn")
+    gres_conf = fleet.on_node(GPU, "cat", "/etc/slurm/gres.conf").stdout
+    assert "Name=gpu" not in gres_conf and "validation did not pass" in gres_conf
+    node = fleet.scontrol()
+    assert "DRAIN" in node["State"] and "count reported lower than configured" in node["Reason"]
+    # Validation passes again: the GPU is declared and the drain Slurm set is lifted.
+    fleet.set_host_vars()
+    time.sleep(2)  # past the failed host's backoff (1 s, jittered)
+    result = fleet.reconcile("--once")
+    assert result.returncode == 0, result.stdout + result.stderr
+    node = fleet.scontrol()
+    assert (node["State"], node["Gres"]) == ("IDLE", "gpu:tesla_t4:1"), node
+    assert fleet.status()[GPU]["slurm_state"] == "IDLE"
