@@ -47,6 +47,8 @@ ROLLOUT_MODULE = "kubernetes.core.k8s_drain"
 # cluster probe's result is the fact CLUSTER_PROBE_FACT there.
 CLUSTER_HOST = "localhost"
 CLUSTER_PROBE_FACT = "k8s_manifests_probe"
+# The fact playbooks/slurm_drain.yml publishes: a node's Slurm side in a rollout.
+SLURM_FACT = "gpufleet_slurm"
 # The tag of playbooks/report.yml's verdict, which fails the run once (on whichever
 # host comes first) for a stage that failed anywhere: it says nothing about that
 # host, and the runner reads each stage's outcome itself, so its runs skip it.
@@ -104,6 +106,9 @@ class HostRun:
     # A node action (rollout.yml): whether it changed the Node (False: a cordon of a
     # Node that was cordoned already).
     action_changed: bool | None = None
+    # A Slurm action (slurm_drain.yml): managed, node, state_before, state (after),
+    # reason_before, admin_drained, jobs; None when none ran.
+    slurm: dict[str, Any] | None = None
 
     @property
     def changed_components(self) -> list[str]:
@@ -167,6 +172,11 @@ class Engine(Protocol):
         ...
 
     def node_action(self, action: str, hosts: Sequence[str]) -> RunResult: ...
+
+    def slurm_action(self, action: str, hosts: Sequence[str], reason: str = "") -> RunResult:
+        """Drain (with `reason`), list the jobs of, or resume the hosts' nodes in Slurm
+        (playbooks/slurm_drain.yml); each HostRun's `slurm` says what Slurm had."""
+        ...
 
     def beside(self) -> Engine:
         """An engine for runs at the same time as this one's (a rollout batch's apply
@@ -285,6 +295,10 @@ class EventCollector:
             return True
         if action == ROLLOUT_MODULE:
             run.action_changed = bool(res.get("changed"))
+            return True
+        slurm = (res.get("ansible_facts") or {}).get(SLURM_FACT)
+        if isinstance(slurm, Mapping):
+            run.slurm = dict(slurm)
             return True
         cluster_probe = (res.get("ansible_facts") or {}).get(CLUSTER_PROBE_FACT)
         if host == CLUSTER_HOST and isinstance(cluster_probe, Mapping):
@@ -487,6 +501,14 @@ class AnsibleEngine:
             "playbooks/rollout.yml",
             hosts,
             extravars={"gpufleet_rollout_action": action},
+        )
+        return _result(collector, hosts)
+
+    def slurm_action(self, action: str, hosts: Sequence[str], reason: str = "") -> RunResult:
+        collector = self._run(
+            "playbooks/slurm_drain.yml",
+            hosts,
+            extravars={"gpufleet_slurm_action": action, "gpufleet_slurm_reason": reason},
         )
         return _result(collector, hosts)
 

@@ -46,7 +46,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runner.engine import CLUSTER_HOST, STAGES, Engine, HostRun, ProbeResult, RunResult
-from runner.rollout import IN_FLIGHT, PHASES, UNAVAILABLE, RolloutPolicy, policies, pool_of
+from runner.rollout import (
+    IN_FLIGHT,
+    PHASES,
+    UNAVAILABLE,
+    RolloutPolicy,
+    policies,
+    pool_of,
+    slurm_drain,
+)
 from runner.state import (
     CLUSTER_SUBJECT,
     ClusterRecord,
@@ -1032,6 +1040,8 @@ class Reconciler:
                     # Cordoned by someone else before the rollout: it stays so after.
                     records[host].keep_cordoned = True
                 self._phase(records[host], after, f"{action}ed")
+        if not self._slurm_out_of_service(pool, batch, work):
+            return None
         for host in batch:
             self._phase(records[host], "applying", "out of service; its change applying")
         hosts = list(batch)
@@ -1053,6 +1063,63 @@ class Reconciler:
             self.clock(),
             applying,
         )
+
+    def _slurm_out_of_service(self, pool: str, batch: Sequence[str], work: _Cycle) -> bool:
+        """Drain the batch's Slurm nodes (slurm_drain) and wait for their jobs: True
+        once none runs a job. A node with jobs holds the batch back, drained, and is
+        asked again next cycle; past its slurm_drain_timeout it halts, naming them."""
+        records, hostvars, report = work.records, work.hostvars, work.report
+        asked = [h for h in batch if slurm_drain(h, hostvars[h])[0] != "false"]
+        if not asked:
+            return True
+        result = self.engine.slurm_action(
+            "drain", asked, f"rollout of a disruptive change (pool {pool})"
+        )
+        now = self.clock()
+        waiting = False
+        for host in asked:
+            run, record = result.hosts[host], records[host]
+            slurm = run.slurm or {}
+            if not run.succeeded or not slurm:
+                failure = "; ".join(run.failures) or "no answer from the node"
+                self._halt(record, f"Slurm drain failed: {failure}", report)
+                return False
+            if not slurm.get("managed"):
+                continue
+            record.slurm_state = str(slurm.get("state") or record.slurm_state)
+            if not record.slurm_drained:
+                admin = bool(slurm.get("admin_drained"))
+                record.slurm_drained = (
+                    f"admin: {slurm.get('reason_before')}" if admin else "gpufleet"
+                )
+            if record.slurm_drain_started is None:
+                record.slurm_drain_started = now
+            jobs = ", ".join(str(j) for j in slurm.get("jobs") or [])
+            waited = now - (record.slurm_drain_started or now)
+            timeout = slurm_drain(host, hostvars[host])[1]
+            if jobs and waited > timeout:
+                self._halt(
+                    record,
+                    f"Slurm job(s) {jobs} still running after {timeout:.0f} s; the node stays "
+                    "drained in Slurm",
+                    report,
+                )
+                return False
+            if jobs:
+                waiting = True
+                if record.rollout_phase == "queued":
+                    self._phase(record, "cordoned", "drained in Slurm")
+                record.rollout_reason = (
+                    f"Slurm job(s) {jobs} still running; drained in Slurm {waited:.0f} s ago "
+                    f"(waits up to {timeout:.0f} s)"
+                )
+                self._save(record)
+                report.outcomes[host].message = f"rollout waits: {record.rollout_reason}"
+            elif record.rollout_phase in ("queued", "cordoned"):
+                self._phase(record, "drained", "drained in Slurm; no job left")
+            else:
+                self._save(record)
+        return not waiting
 
     def _collect(self, report: CycleReport, wait: bool = False) -> None:
         """Finish the batches whose apply has ended (with `wait`, all of them, once
@@ -1099,6 +1166,16 @@ class Reconciler:
                 applied.append(host)
             else:
                 self._halt(record, record.reason, report)
+        resume = [h for h in applied if records[h].slurm_drained == "gpufleet"]
+        if resume:
+            resumed = self.engine.slurm_action("resume", resume)
+            for host in resume:
+                state = (resumed.hosts[host].slurm or {}).get("state")
+                records[host].slurm_state = str(state or records[host].slurm_state)
+                if not resumed.hosts[host].succeeded:
+                    failure = "; ".join(resumed.hosts[host].failures)
+                    self._halt(records[host], f"Slurm resume failed: {failure}", report)
+                    applied.remove(host)
         uncordon = [h for h in applied if h in batch.nodes and not records[h].keep_cordoned]
         if uncordon:
             uncordoned = self.engine.node_action("uncordon", uncordon)
@@ -1107,13 +1184,18 @@ class Reconciler:
                     self._halt(records[host], "uncordon failed", report)
                     applied.remove(host)
         for host in applied:
-            kept = records[host].keep_cordoned
-            records[host].keep_cordoned = False
-            records[host].rollout_target = None
-            records[host].rollout_pool = ""
-            self._phase(
-                records[host], None, "done; left cordoned as it was before" if kept else "done"
-            )
+            record = records[host]
+            notes = ["left cordoned as it was before"] if record.keep_cordoned else []
+            if record.slurm_drained.startswith("admin: "):
+                notes.append(
+                    "left drained in Slurm as an administrator had it "
+                    f"({record.slurm_drained.removeprefix('admin: ')})"
+                )
+            record.keep_cordoned = False
+            record.slurm_drained, record.slurm_drain_started = "", None
+            record.rollout_target = None
+            record.rollout_pool = ""
+            self._phase(record, None, "; ".join(["done", *notes]))
         rollout.done.extend(applied)
 
     def _batch_ended(self, rollout: RolloutRecord, report: CycleReport) -> None:
@@ -1179,6 +1261,8 @@ def release(store: StateStore, host: str, clock: Callable[[], float] = time.time
         record.rollout_phase = "queued"
         record.rollout_reason = ""
         record.rollout_target = None
+        # The wait for its Slurm jobs starts again (it stays drained meanwhile).
+        record.slurm_drain_started = None
     store.save(record, [HistoryEntry(clock(), host, "release", "", "released by operator")])
     return record
 

@@ -70,6 +70,31 @@ _READERS: dict[str, tuple[Callable[[Any], Any], str]] = {
 }
 
 
+# Whether a rollout drains a host in Slurm around its change: auto (when slurmd runs
+# on it; the default), true or false; and how long it waits for the jobs on the node
+# to end before it halts, naming them.
+SLURM_DRAIN = "slurm_drain"
+SLURM_DRAIN_TIMEOUT = "slurm_drain_timeout"
+DEFAULT_SLURM_DRAIN_TIMEOUT = 3600.0
+
+
+def slurm_drain(host: str, hostvars: Mapping[str, Any]) -> tuple[str, float]:
+    """The host's (slurm_drain, slurm_drain_timeout); PolicyError for a wrong form."""
+    value = hostvars.get(SLURM_DRAIN, "auto")
+    mode = str(value).lower() if isinstance(value, (bool, str)) else ""
+    if mode not in ("auto", "true", "false"):
+        raise PolicyError(
+            f"{SLURM_DRAIN} on host {host}: expected auto, true or false, got {value!r}"
+        )
+    raw = hostvars.get(SLURM_DRAIN_TIMEOUT, DEFAULT_SLURM_DRAIN_TIMEOUT)
+    timeout = _seconds(raw)
+    if not timeout:
+        raise PolicyError(
+            f"{SLURM_DRAIN_TIMEOUT} on host {host}: expected seconds, a number > 0, got {raw!r}"
+        )
+    return mode, timeout
+
+
 def pool_of(hostvars: Mapping[str, Any]) -> str:
     return str(hostvars.get(POOL_VARIABLE) or DEFAULT_POOL)
 
@@ -79,9 +104,9 @@ def policies(
 ) -> dict[str, RolloutPolicy]:
     """Each pool's policy: the inventory's rollout variables over `default`.
 
-    Raises PolicyError for a value of the wrong form, for hosts of one pool that
-    disagree, and for a batch that could never start (max_parallel above
-    max_unavailable)."""
+    Raises PolicyError for a value of the wrong form (a Slurm drain setting too), for
+    hosts of one pool that disagree, and for a batch that could never start
+    (max_parallel above max_unavailable)."""
     found: dict[str, dict[str, tuple[str, Any]]] = {}
     for host, values in sorted(hostvars.items()):
         pool = pool_of(values)
@@ -103,6 +128,8 @@ def policies(
                     "the group_vars of its group"
                 )
             seen[name] = (host, value)
+    for host, values in sorted(hostvars.items()):
+        slurm_drain(host, values)
     result = {}
     for pool, seen in found.items():
         policy = replace(default, **{name: value for name, (_host, value) in seen.items()})

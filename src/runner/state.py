@@ -91,9 +91,12 @@ CREATE TABLE rollouts (
 );
 UPDATE hosts SET rollout_pool = 'all' WHERE rollout_phase IS NOT NULL;
 """
-# Schema 5: the node's state in Slurm as the last run that reached it saw it.
+# Schema 5: the node's state in Slurm as the last run that reached it saw it; who
+# drained it in Slurm for a rollout, and since when.
 _SCHEMA_5 = """
 ALTER TABLE hosts ADD COLUMN slurm_state TEXT NOT NULL DEFAULT '';
+ALTER TABLE hosts ADD COLUMN slurm_drained TEXT NOT NULL DEFAULT '';
+ALTER TABLE hosts ADD COLUMN slurm_drain_started REAL;
 """
 # From schema N to N + 1; a new database runs all of them after _SCHEMA.
 _MIGRATIONS = {1: _SCHEMA_2, 2: _SCHEMA_3, 3: _SCHEMA_4, 4: _SCHEMA_5}
@@ -159,6 +162,11 @@ class HostRecord:
     # The node's state in Slurm (IDLE, MIXED, DRAIN, ...) as the slurm_gres stage of the
     # last run that reached it read it; '' where gpufleet does not manage Slurm's GRES.
     slurm_state: str = ""
+    # In a rollout, who has the node drained in Slurm: "gpufleet" (resumed after its
+    # change), "admin: <reason>" (left drained), or "" (not a Slurm node, or not yet);
+    # and when gpufleet began waiting for its jobs.
+    slurm_drained: str = ""
+    slurm_drain_started: float | None = None
 
 
 @dataclass

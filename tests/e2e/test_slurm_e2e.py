@@ -20,6 +20,7 @@ import pytest
 from test_runner_e2e import FLEET, Fleet, start_fleet
 
 NODES = {"slurm-head": "none", "slurm-t4": "t4-1"}
+OLDER = "535.261.03"  # Debian's older build; the node onboards with 535.309.01
 HEAD, GPU = "slurm-head", "slurm-t4"
 SLURM = [*FLEET, "slurm", HEAD, GPU]
 
@@ -139,3 +140,54 @@ def test_a_node_whose_validation_fails_is_withdrawn_then_comes_back(fleet: Slurm
     node = fleet.scontrol()
     assert (node["State"], node["Gres"]) == ("IDLE", "gpu:tesla_t4:1"), node
     assert fleet.status()[GPU]["slurm_state"] == "IDLE"
+
+
+def _driver(fleet: Fleet) -> str:
+    return _smi(fleet, "driver_version")
+
+
+def _jobs(fleet: Fleet) -> list[str]:
+    return fleet.on_node(HEAD, "squeue", "--noheader", "--format=%A").stdout.split()
+
+
+def test_a_driver_change_waits_in_drain_for_the_job_then_resumes_the_node(fleet: SlurmFleet):
+    before = _driver(fleet)
+    submitted = fleet.on_node(
+        HEAD, "sbatch", "--parsable", "-w", GPU, "--gres=gpu:tesla_t4:1", "--wrap", "sleep 600"
+    )
+    assert submitted.returncode == 0, submitted.stderr
+    job = submitted.stdout.strip().split(";")[0]
+    deadline = time.monotonic() + 60
+    while "RUNNING" not in fleet.on_node(HEAD, "squeue", "-h", "-j", job, "-o", "%T").stdout:
+        assert time.monotonic() < deadline, "the job did not start"
+        time.sleep(1)
+    fleet.set_host_vars(driver_version=OLDER)
+    result = fleet.reconcile("--once")
+    record = fleet.status()[GPU]
+    assert record["rollout_phase"] == "cordoned", result.stdout + result.stderr
+    assert f"Slurm job(s) {job} still running" in record["rollout_reason"]
+    node = fleet.scontrol()
+    assert "DRAIN" in node["State"] and node["Reason"].startswith("gpufleet: "), node
+    assert _driver(fleet) == before, "the driver is not touched while the job runs"
+    # The job ends: the next cycle applies the change, validates it, resumes the node.
+    assert fleet.on_node(HEAD, "scancel", job).returncode == 0
+    deadline = time.monotonic() + 60
+    while _jobs(fleet):
+        assert time.monotonic() < deadline, "the job did not end"
+        time.sleep(1)
+    result = fleet.reconcile("--once")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert _driver(fleet) == OLDER
+    node = fleet.scontrol()
+    assert (node["State"], node["Reason"]) == ("IDLE", ""), node
+    record = fleet.status()[GPU]
+    assert (record["rollout_phase"], record["slurm_drained"], record["slurm_state"]) == (
+        None,
+        "",
+        "IDLE",
+    )
+    phases = [e["component"] for e in fleet.history(GPU) if e["kind"] == "rollout"]
+    assert phases[-6:] == ["queued", "cordoned", "drained", "applying", "applied", "done"]
+    # A second pass changes nothing.
+    result = fleet.reconcile("--once")
+    assert result.stdout.startswith("cycle: 2 probed, 0 planned, 0 applied"), result.stdout

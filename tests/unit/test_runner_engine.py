@@ -137,6 +137,16 @@ def test_the_cluster_probe_and_a_node_action_are_read_from_their_events():
     assert collector.hosts["a"].action_changed is False, "the node was cordoned already"
 
 
+def test_a_slurm_action_is_read_from_its_fact():
+    collector = EventCollector()
+    fact = {"managed": True, "state": "MIXED+DRAIN", "admin_drained": False, "jobs": ["41"]}
+    res = {"ansible_facts": {"gpufleet_slurm": fact}}
+    event = _ok("Publish the node's Slurm side", "ansible.builtin.set_fact", res)
+    event["event_data"]["role"] = ""
+    collector(event)
+    assert collector.hosts["a"].slurm == fact
+
+
 def _failed(task: str, role: str, msg: str) -> dict:
     data = {"host": "a", "role": role, "task": task, "task_action": "command", "res": {"msg": msg}}
     return {"event": "runner_on_failed", "event_data": data}

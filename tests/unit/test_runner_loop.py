@@ -108,6 +108,12 @@ class FakeEngine:
         # Nodes cordoned now, and nodes whose drain a PodDisruptionBudget refuses.
         self.cordoned: set[str] = set()
         self.budget_blocks: set[str] = set()
+        # Slurm: the hosts where slurmd runs, the jobs on each, the drained ones (with
+        # their reason), and every Slurm action asked for.
+        self.slurm_nodes: set[str] = set()
+        self.slurm_jobs: dict[str, list[str]] = {}
+        self.slurm_drained: dict[str, str] = {}
+        self.slurm_calls: list[tuple[str, tuple[str, ...]]] = []
 
     def inventory(self, limit: str | None = None) -> dict[str, dict[str, Any]]:
         names = [n for n in self.nodes if not limit or n == limit]
@@ -216,6 +222,29 @@ class FakeEngine:
                 if action == "uncordon":
                     self.cordoned.discard(host)
                 runs[host] = HostRun(host, action_changed=True)
+        return RunResult(runs)
+
+    def slurm_action(self, action: str, hosts: Sequence[str], reason: str = "") -> RunResult:
+        self.slurm_calls.append((action, tuple(hosts)))
+        runs = {}
+        for host in hosts:
+            if host not in self.slurm_nodes:
+                runs[host] = HostRun(host, slurm={"managed": False})
+                continue
+            before = self.slurm_drained.get(host)
+            ours = (before or "").startswith("gpufleet:")
+            if action == "drain" and before is None:
+                self.slurm_drained[host] = f"gpufleet: {reason}"
+            if action == "resume" and ours:
+                del self.slurm_drained[host]
+            slurm = {
+                "managed": True,
+                "state": "IDLE+DRAIN" if host in self.slurm_drained else "IDLE",
+                "reason_before": before or "",
+                "admin_drained": before is not None and not ours,
+                "jobs": list(self.slurm_jobs.get(host, [])) if action == "drain" else [],
+            }
+            runs[host] = HostRun(host, slurm=slurm)
         return RunResult(runs)
 
     def acted_on(self, kind: str) -> list[str]:
@@ -1353,3 +1382,98 @@ def test_labels_changing_under_a_batch_applying_are_not_cluster_drift(store: Sta
     assert store.cluster().drift == []
     assert applies(engine) == [("a",)], "nothing applied to repair a's labels"
     assert [e for e in store.history("a") if e.kind == "drift"] == []
+
+
+# --- Slurm around a rollout -----------------------------------------------------------
+
+
+def slurm_node(engine: FakeEngine, host: str, jobs: Sequence[str] = (), drained: str = "") -> None:
+    """`host` runs slurmd, with `jobs` running and, if given, drained for that reason."""
+    engine.slurm_nodes.add(host)
+    engine.slurm_jobs[host] = list(jobs)
+    if drained:
+        engine.slurm_drained[host] = drained
+
+
+def test_a_slurm_node_is_drained_and_its_jobs_end_before_its_change(store: StateStore) -> None:
+    reconciler, engine, clock = converged(store, "a")
+    upgrade_driver(engine, "a")
+    slurm_node(engine, "a", jobs=["41", "42"])
+    report = reconciler.cycle()
+    assert engine.acted_on("apply") == [], "the driver is not touched while jobs run"
+    assert engine.slurm_drained["a"].startswith("gpufleet: ")
+    record = store.host("a")
+    assert (record.rollout_phase, record.slurm_drained) == ("cordoned", "gpufleet")
+    assert record.slurm_state == "IDLE+DRAIN"
+    assert "Slurm job(s) 41, 42 still running" in record.rollout_reason
+    assert "Slurm job(s) 41, 42 still running" in report.outcomes["a"].message
+    # The jobs end; a reconciler started afresh goes on from the stored phase.
+    engine.slurm_jobs["a"] = []
+    clock.sleep(30)
+    engine.calls.clear()
+    restarted = Reconciler(engine, store, Settings(), clock=clock, sleep=clock.sleep)
+    restarted.cycle()
+    assert [c for c, _ in engine.calls] == ["probe", "apply"]
+    assert engine.slurm_calls[-2:] == [("drain", ("a",)), ("resume", ("a",))]
+    assert "a" not in engine.slurm_drained, "resumed"
+    record = store.host("a")
+    assert (record.rollout_phase, record.slurm_drained, record.slurm_state) == (None, "", "IDLE")
+    phases = [e.component for e in store.history("a", kinds=["rollout"])]
+    assert phases == ["queued", "cordoned", "drained", "applying", "applied", "done"]
+
+
+def test_jobs_past_the_bound_halt_the_rollout_naming_them(store: StateStore) -> None:
+    reconciler, engine, clock = converged(store, "a")
+    upgrade_driver(engine, "a", slurm_drain_timeout=60)
+    slurm_node(engine, "a", jobs=["77"])
+    reconciler.cycle()
+    clock.sleep(61)
+    reconciler.cycle()
+    record = store.host("a")
+    assert record.rollout_phase == "halted"
+    assert "Slurm job(s) 77 still running after 60 s" in record.rollout_reason
+    assert engine.acted_on("apply") == []
+    assert engine.slurm_drained["a"].startswith("gpufleet: "), "left drained, as a halt is"
+
+
+def test_an_administrators_drain_is_kept_after_the_change(store: StateStore) -> None:
+    reconciler, engine, _ = converged(store, "a")
+    upgrade_driver(engine, "a")
+    slurm_node(engine, "a", drained="disk check")
+    reconciler.cycle()
+    assert engine.acted_on("apply") == ["a"]
+    assert engine.slurm_drained["a"] == "disk check", "never resumed by gpufleet"
+    done = store.history("a", kinds=["rollout"])[-1]
+    assert done.summary == "done; left drained in Slurm as an administrator had it (disk check)"
+
+
+def test_slurm_drain_false_or_no_slurmd_leaves_slurm_alone(store: StateStore) -> None:
+    reconciler, engine, _ = converged(store, "a", "b")
+    upgrade_driver(engine, "a", slurm_drain=False)
+    upgrade_driver(engine, "b")  # auto, and no slurmd on b
+    slurm_node(engine, "a", jobs=["9"])
+    reconciler.cycle()
+    reconciler.cycle()
+    assert sorted(engine.acted_on("apply")) == ["a", "b"]
+    assert [hosts for _, hosts in engine.slurm_calls] == [("b",)], "false: not even asked"
+    assert engine.slurm_drained == {}
+
+
+@pytest.mark.parametrize(
+    ("variables", "message"),
+    [
+        ({"slurm_drain": "yes"}, "slurm_drain on host a: expected auto, true or false, got 'yes'"),
+        (
+            {"slurm_drain_timeout": -1},
+            "slurm_drain_timeout on host a: expected seconds, a number > 0, got -1",
+        ),
+    ],
+)
+def test_a_wrong_slurm_drain_setting_stops_the_cycle_before_any_host(
+    store: StateStore, variables: dict[str, Any], message: str
+) -> None:
+    reconciler, engine, _ = converged(store, "a")
+    upgrade_driver(engine, "a", **variables)
+    with pytest.raises(PolicyError, match=message):
+        reconciler.cycle()
+    assert engine.calls == []
