@@ -18,8 +18,8 @@ def test_default_inventory_reaches_no_host():
 
 
 # Playbooks the reconciler runs on their own, not in a converge pass: the drift check,
-# and the cordon/drain/uncordon steps of a rollout.
-RUN_ON_THEIR_OWN = {"playbooks/probe.yml", "playbooks/rollout.yml"}
+# the cordon/drain/uncordon steps of a rollout, and its Slurm drain and resume.
+RUN_ON_THEIR_OWN = {"playbooks/probe.yml", "playbooks/rollout.yml", "playbooks/slurm_drain.yml"}
 
 
 def test_site_imports_every_playbook():
