@@ -184,11 +184,8 @@ def test_a_driver_change_waits_in_drain_for_the_job_then_resumes_the_node(fleet:
     node = fleet.scontrol()
     assert (node["State"], node["Reason"]) == ("IDLE", ""), node
     record = fleet.status()[GPU]
-    assert (record["rollout_phase"], record["slurm_drained"], record["slurm_state"]) == (
-        None,
-        "",
-        "IDLE",
-    )
+    assert (record["rollout_phase"], record["slurm_drained"]) == (None, "")
+    assert record["slurm_state"].split("+")[0] == "IDLE", record["slurm_state"]
     phases = [e["component"] for e in fleet.history(GPU) if e["kind"] == "rollout"]
     assert phases[-6:] == ["queued", "cordoned", "drained", "applying", "applied", "done"]
     # A second pass changes nothing.
