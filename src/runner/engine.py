@@ -508,7 +508,13 @@ class AnsibleEngine:
         collector = self._run(
             "playbooks/slurm_drain.yml",
             hosts,
-            extravars={"gpufleet_slurm_action": action, "gpufleet_slurm_reason": reason},
+            extravars={
+                "gpufleet_slurm_action": action,
+                "gpufleet_slurm_reason": reason,
+                # A node gpufleet drained is resumed even if slurmd no longer runs
+                # (slurm_drain auto would leave it drained).
+                **({"slurm_drain": "true"} if action == "resume" else {}),
+            },
         )
         return _result(collector, hosts)
 

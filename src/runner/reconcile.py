@@ -607,9 +607,20 @@ class Reconciler:
         needs_apply = bool(outcome.pending) or "drift" in reasons or "no record" in reasons
         if not self.settings.check_only and not needs_apply and record.rollout_phase:
             if record.rollout_phase == "queued":
-                # Nothing left to change (put right by other means): out of the rollout.
+                # Nothing left to change (put right by other means): out of the rollout,
+                # and back in Slurm if gpufleet had drained it (a released halt).
                 record.rollout_pool, record.rollout_target = "", None
-                self._phase(record, None, "left the rollout: nothing to change any more")
+                left = "left the rollout: nothing to change any more"
+                if record.slurm_drained == "gpufleet":
+                    name = record.name
+                    resumed = self.engine.slurm_action("resume", [name]).hosts[name]
+                    left += (
+                        "; resumed in Slurm"
+                        if resumed.succeeded
+                        else (f"; resuming it in Slurm failed: {'; '.join(resumed.failures)}")
+                    )
+                record.slurm_drained, record.slurm_drain_started = "", None
+                self._phase(record, None, left)
             elif record.rollout_phase in _ROLLING:
                 # Out of service already: the rollout brings it back (an apply that
                 # changes nothing, then the uncordon).
@@ -1067,7 +1078,8 @@ class Reconciler:
     def _slurm_out_of_service(self, pool: str, batch: Sequence[str], work: _Cycle) -> bool:
         """Drain the batch's Slurm nodes (slurm_drain) and wait for their jobs: True
         once none runs a job. A node with jobs holds the batch back, drained, and is
-        asked again next cycle; past its slurm_drain_timeout it halts, naming them."""
+        asked again next cycle; past its slurm_drain_timeout it halts, naming them.
+        Every host is taken in (who drained it, since when) before the answer."""
         records, hostvars, report = work.records, work.hostvars, work.report
         asked = [h for h in batch if slurm_drain(h, hostvars[h])[0] != "false"]
         if not asked:
@@ -1076,22 +1088,22 @@ class Reconciler:
             "drain", asked, f"rollout of a disruptive change (pool {pool})"
         )
         now = self.clock()
-        waiting = False
+        waiting = halted = False
         for host in asked:
             run, record = result.hosts[host], records[host]
             slurm = run.slurm or {}
             if not run.succeeded or not slurm:
                 failure = "; ".join(run.failures) or "no answer from the node"
                 self._halt(record, f"Slurm drain failed: {failure}", report)
-                return False
+                halted = True
+                continue
             if not slurm.get("managed"):
                 continue
             record.slurm_state = str(slurm.get("state") or record.slurm_state)
-            if not record.slurm_drained:
-                admin = bool(slurm.get("admin_drained"))
-                record.slurm_drained = (
-                    f"admin: {slurm.get('reason_before')}" if admin else "gpufleet"
-                )
+            # Asked afresh each time: an administrator may have resumed the node since
+            # (then this drain is gpufleet's), or drained it before gpufleet did.
+            admin = bool(slurm.get("admin_drained"))
+            record.slurm_drained = f"admin: {slurm.get('reason_before')}" if admin else "gpufleet"
             if record.slurm_drain_started is None:
                 record.slurm_drain_started = now
             jobs = ", ".join(str(j) for j in slurm.get("jobs") or [])
@@ -1104,8 +1116,8 @@ class Reconciler:
                     "drained in Slurm",
                     report,
                 )
-                return False
-            if jobs:
+                halted = True
+            elif jobs:
                 waiting = True
                 if record.rollout_phase == "queued":
                     self._phase(record, "cordoned", "drained in Slurm")
@@ -1119,7 +1131,7 @@ class Reconciler:
                 self._phase(record, "drained", "drained in Slurm; no job left")
             else:
                 self._save(record)
-        return not waiting
+        return not (waiting or halted)
 
     def _collect(self, report: CycleReport, wait: bool = False) -> None:
         """Finish the batches whose apply has ended (with `wait`, all of them, once

@@ -1477,3 +1477,43 @@ def test_a_wrong_slurm_drain_setting_stops_the_cycle_before_any_host(
     with pytest.raises(PolicyError, match=message):
         reconciler.cycle()
     assert engine.calls == []
+
+
+def test_a_node_an_administrator_resumes_while_jobs_run_is_gpufleets_to_resume(
+    store: StateStore,
+) -> None:
+    reconciler, engine, _ = converged(store, "a")
+    upgrade_driver(engine, "a")
+    slurm_node(engine, "a", jobs=["5"], drained="disk check")
+    reconciler.cycle()
+    assert store.host("a").slurm_drained == "admin: disk check"
+    del engine.slurm_drained["a"]  # the administrator resumes it; the job still runs
+    reconciler.cycle()
+    assert engine.slurm_drained["a"].startswith("gpufleet: "), "drained again, by gpufleet"
+    engine.slurm_jobs["a"] = []
+    reconciler.cycle()
+    assert engine.acted_on("apply") == ["a"]
+    assert "a" not in engine.slurm_drained, "resumed: the drain was gpufleet's"
+    assert store.history("a", kinds=["rollout"])[-1].summary == "done"
+
+
+def test_a_released_host_with_nothing_left_to_change_is_resumed_in_slurm(
+    store: StateStore,
+) -> None:
+    reconciler, engine, clock = converged(store, "a")
+    upgrade_driver(engine, "a", slurm_drain_timeout=60)
+    slurm_node(engine, "a", jobs=["77"])
+    reconciler.cycle()
+    clock.sleep(61)
+    reconciler.cycle()
+    assert store.host("a").rollout_phase == "halted"
+    # The operator puts the old driver back and releases the host.
+    engine.nodes["a"].variables = {"slurm_drain_timeout": 60}
+    engine.nodes["a"].pending = {}
+    release(store, "a", clock)
+    reconciler.cycle()
+    record = store.host("a")
+    assert (record.rollout_phase, record.slurm_drained) == (None, "")
+    assert "a" not in engine.slurm_drained
+    left = store.history("a", kinds=["rollout"])[-1].summary
+    assert left == "left the rollout: nothing to change any more; resumed in Slurm"
