@@ -1422,13 +1422,19 @@ def test_a_slurm_node_is_drained_and_its_jobs_end_before_its_change(store: State
     assert phases == ["queued", "cordoned", "drained", "applying", "applied", "done"]
 
 
-def test_jobs_past_the_bound_halt_the_rollout_naming_them(store: StateStore) -> None:
+def halted_on_a_job(store: StateStore) -> tuple[Reconciler, FakeEngine, FakeClock]:
+    """Host a's driver change halted: job 77 outlasted its slurm_drain_timeout (60 s)."""
     reconciler, engine, clock = converged(store, "a")
     upgrade_driver(engine, "a", slurm_drain_timeout=60)
     slurm_node(engine, "a", jobs=["77"])
     reconciler.cycle()
     clock.sleep(61)
     reconciler.cycle()
+    return reconciler, engine, clock
+
+
+def test_jobs_past_the_bound_halt_the_rollout_naming_them(store: StateStore) -> None:
+    _, engine, _ = halted_on_a_job(store)
     record = store.host("a")
     assert record.rollout_phase == "halted"
     assert "Slurm job(s) 77 still running after 60 s" in record.rollout_reason
@@ -1500,12 +1506,7 @@ def test_a_node_an_administrator_resumes_while_jobs_run_is_gpufleets_to_resume(
 def test_a_released_host_with_nothing_left_to_change_is_resumed_in_slurm(
     store: StateStore,
 ) -> None:
-    reconciler, engine, clock = converged(store, "a")
-    upgrade_driver(engine, "a", slurm_drain_timeout=60)
-    slurm_node(engine, "a", jobs=["77"])
-    reconciler.cycle()
-    clock.sleep(61)
-    reconciler.cycle()
+    reconciler, engine, clock = halted_on_a_job(store)
     assert store.host("a").rollout_phase == "halted"
     # The operator puts the old driver back and releases the host.
     engine.nodes["a"].variables = {"slurm_drain_timeout": 60}
