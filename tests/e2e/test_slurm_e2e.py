@@ -1,5 +1,6 @@
 """Slurm's GRES from real facts, checked by real Slurm (Debian's slurmctld and slurmd
-from tests/sim/slurm.py) on a simulated T4 and a CPU-only head node.
+from tests/sim/slurm.py) on a simulated T4, two A100s laid out in MIG devices by the
+mig stage (one GPU per NUMA node), and a CPU-only head node.
 
 The tests run in order, each on what the one before left, as a site would meet them:
 gpufleet declares the GPU and says what slurm.conf lacks; the administrator puts the
@@ -19,10 +20,12 @@ import pytest
 
 from test_runner_e2e import FLEET, Fleet, start_fleet
 
-NODES = {"slurm-head": "none", "slurm-t4": "t4-1"}
+NODES = {"slurm-head": "none", "slurm-t4": "t4-1", "slurm-a100": "a100-mig"}
 OLDER = "535.261.03"  # Debian's older build; the node onboards with 535.309.01
-HEAD, GPU = "slurm-head", "slurm-t4"
-SLURM = [*FLEET, "slurm", HEAD, GPU]
+HEAD, GPU, MIG = "slurm-head", "slurm-t4", "slurm-a100"
+SLURM = [*FLEET, "slurm", HEAD, GPU, MIG]
+# all-balanced on an A100 40GB: two 1g.5gb, one 2g.10gb and one 3g.20gb per GPU.
+MIG_VARS = {"mig_config": "all-balanced", "device_plugin_mig_strategy": "mixed"}
 
 pytestmark = pytest.mark.fleet
 
@@ -32,16 +35,16 @@ class SlurmFleet(Fleet):
         # A failed host is tried again by the next cycle here.
         return self.runner("reconcile", "--backoff-base", "1", "--backoff-cap", "1", *args)
 
-    def scontrol(self) -> dict[str, str]:
-        """The GPU node as slurmctld reports it (asked on the head node)."""
-        out = self.on_node(HEAD, "scontrol", "--oneliner", "show", "node", GPU).stdout
+    def scontrol(self, node: str = GPU) -> dict[str, str]:
+        """A GPU node as slurmctld reports it (asked on the head node)."""
+        out = self.on_node(HEAD, "scontrol", "--oneliner", "show", "node", node).stdout
         line, _, reason = out.strip().partition(" Reason=")
         fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
         return {**fields, "Reason": reason}
 
-    def set_host_vars(self, **variables: object) -> None:
+    def set_host_vars(self, node: str = GPU, **variables: object) -> None:
         text = json.dumps({"slurm_gres_manage": True, **variables})
-        (self.inventory / "host_vars" / f"{GPU}.yml").write_text(text + "\n")
+        (self.inventory / "host_vars" / f"{node}.yml").write_text(text + "\n")
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +55,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmFleet]:
     subprocess.run(SLURM, check=True)
     sim = SlurmFleet(inventory, work / "state")
     sim.set_host_vars()
+    sim.set_host_vars(MIG, **MIG_VARS)
     try:
         yield sim
     finally:
@@ -87,6 +91,47 @@ def test_the_gpu_is_declared_from_its_facts_and_the_missing_slurm_conf_line_is_n
     assert fleet.scontrol()["Gres"] == "(null)"
 
 
+def _gres_lines(fleet: Fleet, node: str) -> list[dict[str, str]]:
+    """The GPU entries of a node's gres.conf, as key=value fields."""
+    text = fleet.on_node(node, "cat", "/etc/slurm/gres.conf").stdout
+    return [
+        dict(field.split("=", 1) for field in line.split())
+        for line in text.splitlines()
+        if line.startswith("Name=gpu")
+    ]
+
+
+def test_mig_devices_are_declared_as_their_own_types_near_their_gpus_cores(fleet: SlurmFleet):
+    record = fleet.status()[MIG]
+    assert (record["failed_stage"], record["mig_layout"]) == ("slurm_gres", "all-balanced")
+    # One entry per MIG device nvidia-smi lists, typed by its profile; each names its
+    # GPU's device file and its instances' capability files, which the driver made.
+    listed = fleet.on_node(MIG, "nvidia-smi", "-L").stdout
+    profiles = sorted(line.split()[1] for line in listed.splitlines() if "MIG " in line)
+    assert profiles == sorted(["1g.5gb", "1g.5gb", "2g.10gb", "3g.20gb"] * 2), listed
+    entries = _gres_lines(fleet, MIG)
+    assert sorted(e["Type"] for e in entries) == [f"nvidia_a100_{p}" for p in profiles]
+    for entry in entries:
+        gpu, *caps = entry["MultipleFiles"].split(",")
+        assert gpu in ("/dev/nvidia0", "/dev/nvidia1") and len(caps) == 2, entry
+        assert all(c.startswith("/dev/nvidia-caps/nvidia-cap") for c in caps), entry
+        assert fleet.on_node(MIG, "test", "-c", caps[0], "-a", "-c", caps[1]).returncode == 0
+    # The profile puts one GPU on each NUMA node, and the simulated board deals the
+    # machine's CPUs out to them: with at least two cores each GPU's devices name
+    # their half, else no Cores= at all (every core is near).
+    cpus = int(fleet.on_node(MIG, "nproc").stdout)
+    halves = {"/dev/nvidia0": range(cpus // 2), "/dev/nvidia1": range(cpus // 2, cpus)}
+    for entry in entries:
+        near = halves[entry["MultipleFiles"].split(",")[0]]
+        want = (f"{near[0]}-{near[-1]}" if len(near) > 1 else str(near[0])) if cpus > 1 else None
+        assert entry.get("Cores") == want, entry
+    rendered = fleet.on_node(MIG, "cat", "/etc/gpufleet/slurm/node.conf").stdout.splitlines()[-1]
+    gres = rendered.split(" Gres=")[1]
+    assert sorted(gres.split(",")) == sorted(
+        ["gpu:nvidia_a100_1g.5gb:4", "gpu:nvidia_a100_2g.10gb:2", "gpu:nvidia_a100_3g.20gb:2"]
+    )
+
+
 def test_with_the_rendered_line_in_slurm_conf_slurm_schedules_the_gpu(fleet: SlurmFleet):
     # The administrator's step: put the rendered line into slurm.conf and reconfigure.
     subprocess.run(SLURM, check=True)
@@ -97,12 +142,36 @@ def test_with_the_rendered_line_in_slurm_conf_slurm_schedules_the_gpu(fleet: Slu
     assert record["slurm_state"] == "IDLE"
     line = next(ln for ln in fleet.runner("status").stdout.splitlines() if ln.startswith(GPU))
     assert "slurm_gres=ready:IDLE" in line
-    sinfo = fleet.on_node(HEAD, "sinfo", "-N", "-h", "-o", "%N %G %T").stdout.split()
+    sinfo = fleet.on_node(HEAD, "sinfo", "-N", "-h", "-n", GPU, "-o", "%N %G %T").stdout.split()
     assert sinfo == [GPU, "gpu:tesla_t4:1", "idle"]
     job = fleet.on_node(
         HEAD, "srun", "-w", GPU, "--gres=gpu:tesla_t4:1", "bash", "-c", "echo $CUDA_VISIBLE_DEVICES"
     )
     assert (job.returncode, job.stdout.strip()) == (0, "0"), job.stderr
+    # The MIG node: slurmd read every MIG device with its cores, slurmctld counts them
+    # per type (on the socket of those cores, S:0), and a job gets one.
+    assert fleet.status()[MIG]["stages"]["slurm_gres"] == "ready"
+    said = fleet.on_node(MIG, "slurmd", "-G")
+    read = said.stdout + said.stderr
+    assert read.count("Gres Name=gpu Type=nvidia_a100_") == 8, read
+    assert ("Cores=" in read) == (int(fleet.on_node(MIG, "nproc").stdout) > 1), read
+    node = fleet.scontrol(MIG)
+    assert sorted(node["Gres"].replace("(S:0)", "").split(",")) == [
+        "gpu:nvidia_a100_1g.5gb:4",
+        "gpu:nvidia_a100_2g.10gb:2",
+        "gpu:nvidia_a100_3g.20gb:2",
+    ], node
+    job = fleet.on_node(
+        HEAD,
+        "srun",
+        "-w",
+        MIG,
+        "--gres=gpu:nvidia_a100_3g.20gb:2",
+        "bash",
+        "-c",
+        "echo $CUDA_VISIBLE_DEVICES",
+    )
+    assert job.returncode == 0 and len(job.stdout.strip().split(",")) == 2, job.stderr
 
 
 def test_a_second_pass_changes_nothing_and_an_administrators_drain_stays(fleet: SlurmFleet):
@@ -110,10 +179,11 @@ def test_a_second_pass_changes_nothing_and_an_administrators_drain_stays(fleet: 
         HEAD, "scontrol", "update", f"NodeName={GPU}", "State=DRAIN", "Reason=disk check"
     )
     assert drained.returncode == 0, drained.stderr
-    result = fleet.site(GPU, {})
+    result = fleet.site(f"{GPU},{MIG}", {})
     assert result.returncode == 0, result.stdout[-3000:]
-    recap = next(ln for ln in result.stdout.splitlines() if ln.startswith(f"{GPU} "))
-    assert "changed=0" in recap, recap
+    for host in (GPU, MIG):
+        recap = next(ln for ln in result.stdout.splitlines() if ln.startswith(f"{host} "))
+        assert "changed=0" in recap, recap
     node = fleet.scontrol()
     assert "DRAIN" in node["State"] and node["Reason"].startswith("disk check"), node
     assert (
@@ -190,4 +260,4 @@ def test_a_driver_change_waits_in_drain_for_the_job_then_resumes_the_node(fleet:
     assert phases[-6:] == ["queued", "cordoned", "drained", "applying", "applied", "done"]
     # A second pass changes nothing.
     result = fleet.reconcile("--once")
-    assert result.stdout.startswith("cycle: 2 probed, 0 planned, 0 applied"), result.stdout
+    assert result.stdout.startswith("cycle: 3 probed, 0 planned, 0 applied"), result.stdout

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.gpufleet.nvidia.plugins.module_utils import discovery, pci, smi
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import cpus, discovery, pci, smi
 from conftest import FIXTURES
 
 
@@ -188,3 +188,79 @@ def test_secure_boot_state(efivar, efi, state):
 def test_label_values_are_valid_kubernetes_label_values():
     assert discovery.label_value("NVIDIA A100 80GB PCIe") == "NVIDIA-A100-80GB-PCIe"
     assert discovery.label_value("Tesla V100-SXM2-16GB (rev a1)") == "Tesla-V100-SXM2-16GB-rev-a1"
+
+
+def _cpu(root: Path, cpu: int, package: int, siblings: str) -> None:
+    topology = root / "devices" / "system" / "cpu" / f"cpu{cpu}" / "topology"
+    topology.mkdir(parents=True)
+    (topology / "physical_package_id").write_text(f"{package}\n")
+    (topology / "core_cpus_list").write_text(f"{siblings}\n")
+
+
+def test_cores_are_numbered_package_by_package_whatever_the_cpu_ids(tmp_path):
+    # Two packages of two cores with two threads each, CPU ids interleaving packages
+    # as many two-socket servers number them: cpu0, cpu2 on package 0, cpu1, cpu3 on 1,
+    # their hyperthreads 4-7.
+    for cpu, package, siblings in [
+        (0, 0, "0,4"),
+        (1, 1, "1,5"),
+        (2, 0, "2,6"),
+        (3, 1, "3,7"),
+        (4, 0, "0,4"),
+        (5, 1, "1,5"),
+        (6, 0, "2,6"),
+        (7, 1, "3,7"),
+    ]:
+        _cpu(tmp_path, cpu, package, siblings)
+    (tmp_path / "devices" / "system" / "cpu" / "online").write_text("0-7\n")
+    assert cpus.core_indexes(str(tmp_path)) == {0: 0, 4: 0, 2: 1, 6: 1, 1: 2, 5: 2, 3: 3, 7: 3}
+    assert cpus.core_indexes(str(tmp_path / "nothing")) == {}
+
+
+@pytest.mark.parametrize(
+    ("text", "ids"),
+    [("0-3,8,10-11\n", [0, 1, 2, 3, 8, 10, 11]), ("5", [5]), ("", []), ("0-x", [])],
+)
+def test_kernel_cpulists(text, ids):
+    assert cpus.parse_cpulist(text) == ids
+
+
+def test_each_gpu_knows_the_cores_near_it(sysfs):
+    for address, cpulist in (("0000:18:00.0", "0-1,4-5"), ("0000:9a:00.0", "2-3,6-7")):
+        (sysfs / "bus" / "pci" / "devices" / address / "local_cpulist").write_text(cpulist)
+    for cpu in range(8):
+        _cpu(sysfs, cpu, cpu % 4 // 2, f"{cpu % 4},{cpu % 4 + 4}")
+    gpus = discovery.gpu_list(
+        pci.nvidia_gpus(pci.scan(str(sysfs))), None, None, cpus.core_indexes(str(sysfs))
+    )
+    assert [g["local_cores"] for g in gpus] == [[0, 1], [2, 3]]
+    # Without local_cpulist (an older kernel, a VM's flat topology) nothing is claimed.
+    assert (
+        discovery.gpu_list(pci.nvidia_gpus(pci.scan(str(sysfs))), None, None)[0]["local_cores"]
+        == []
+    )
+
+
+MIG_MINORS = "config 1\nmonitor 2\ngpu0/gi1/access 12\ngpu0/gi1/ci0/access 13\n" + (
+    "gpu3/gi1/access 39\ngpu3/gi1/ci0/access 40\ngpu3/gi2/access 48\ngpu3/gi2/ci0/access 49\n"
+)
+
+
+def test_mig_devices_get_their_capability_files_by_the_gpus_minor_number():
+    # GPU index 0 is /dev/nvidia3: the driver's list is keyed by minor number.
+    gpus = [
+        {
+            "minor_number": 3,
+            "mig_devices": [
+                {"index": 0, "gpu_instance_id": 1, "compute_instance_id": 0},
+                {"index": 1, "gpu_instance_id": 2, "compute_instance_id": 0},
+                {"index": 2, "gpu_instance_id": 5, "compute_instance_id": 0},
+            ],
+        }
+    ]
+    discovery.mig_cap_files(gpus, MIG_MINORS)
+    assert [d["cap_files"] for d in gpus[0]["mig_devices"]] == [
+        ["/dev/nvidia-caps/nvidia-cap39", "/dev/nvidia-caps/nvidia-cap40"],
+        ["/dev/nvidia-caps/nvidia-cap48", "/dev/nvidia-caps/nvidia-cap49"],
+        [],  # an instance the list does not name
+    ]

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from ansible_collections.gpufleet.nvidia.plugins.module_utils import discovery, pci
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import cpus, discovery, pci
 from conftest import PROFILE_DIR
 from gpusim import node, profiles
 
@@ -51,6 +51,22 @@ def test_boot_lays_out_a_pci_tree_that_gpu_facts_reads(sim_node):
     # A fresh node with GPUs and no blacklist: nouveau has claimed them.
     assert node.loaded("nouveau")
     assert {d.driver for d in pci.nvidia_gpus(devices)} == {"nouveau"}
+
+
+def test_the_machines_cpus_are_dealt_to_the_profiles_numa_nodes(sim_node, monkeypatch):
+    host = sim_node.tmp / "host-cpu"
+    for cpu in range(4):
+        (host / f"cpu{cpu}" / "topology").mkdir(parents=True)
+        (host / f"cpu{cpu}" / "topology" / "physical_package_id").write_text("0\n")
+        (host / f"cpu{cpu}" / "topology" / "core_cpus_list").write_text(f"{cpu}\n")
+    (host / "online").write_text("0-3\n")
+    monkeypatch.setattr(node, "HOST_CPUS", host)
+    sim_node("h100-sxm-8")  # GPUs 0-3 on NUMA node 0, 4-7 on node 1
+    cores = cpus.core_indexes(str(node.SYS))
+    gpus = discovery.gpu_list(pci.nvidia_gpus(pci.scan(str(node.SYS))), None, None, cores)
+    assert [g["local_cores"] for g in gpus] == [[0, 1]] * 4 + [[2, 3]] * 4
+    # More NUMA nodes than CPUs: each node still has one.
+    assert node.numa_cpus([0, 1, 2], [0, 1]) == {0: "0", 1: "1", 2: "0"}
 
 
 def test_no_driver_package_means_module_not_found(sim_node):

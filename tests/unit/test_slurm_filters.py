@@ -56,9 +56,66 @@ def test_a_gpu_the_facts_cannot_place_is_named(gpu, words):
         slurm_gres([gpu])
 
 
-def test_mig_mode_is_marked():
-    entries = slurm_gres([_gpu("NVIDIA A100-PCIE-40GB", 0, mig_mode=True), _gpu("Tesla T4", 1)])
-    assert [e["mig"] for e in entries] == [True, False]
+def _mig(index: int, gi: int, profile: str, *caps: int) -> dict[str, object]:
+    files = [f"/dev/nvidia-caps/nvidia-cap{minor}" for minor in caps]
+    return {"index": index, "gpu_instance_id": gi, "profile": profile, "cap_files": files}
+
+
+def test_mig_devices_are_their_own_types_with_their_gpu_and_capability_files():
+    a100 = _gpu(
+        "NVIDIA A100-SXM4-40GB",
+        2,
+        mig_mode=True,
+        mig_devices=[_mig(0, 1, "3g.20gb", 21, 22), _mig(1, 2, "1c.3g.20gb", 30, 31)],
+    )
+    entries = slurm_gres([a100, _gpu("Tesla T4", 1)])
+    assert [(e["type"], e["file"], e["mig"]) for e in entries] == [
+        (
+            "nvidia_a100_3g.20gb",
+            "/dev/nvidia2,/dev/nvidia-caps/nvidia-cap21,/dev/nvidia-caps/nvidia-cap22",
+            "3g.20gb",
+        ),
+        (
+            "nvidia_a100_1c.3g.20gb",
+            "/dev/nvidia2,/dev/nvidia-caps/nvidia-cap30,/dev/nvidia-caps/nvidia-cap31",
+            "1c.3g.20gb",
+        ),
+        ("tesla_t4", "/dev/nvidia1", ""),
+    ]
+    assert slurm_gres_spec(entries) == (
+        "gpu:nvidia_a100_3g.20gb:1,gpu:nvidia_a100_1c.3g.20gb:1,gpu:tesla_t4:1"
+    )
+    # The site's name for the model stands in for the cut name.
+    named = slurm_gres([a100], {"NVIDIA A100-SXM4-40GB": "a100"})
+    assert [e["type"] for e in named] == ["a100_3g.20gb", "a100_1c.3g.20gb"]
+
+
+def test_a_gpu_in_mig_mode_without_mig_devices_has_no_entry():
+    assert slurm_gres([_gpu("NVIDIA A100-PCIE-40GB", 0, mig_mode=True, mig_devices=[])]) == []
+
+
+def test_a_mig_device_without_its_capability_files_is_named():
+    a100 = _gpu("NVIDIA A100-PCIE-40GB", 0, mig_mode=True, mig_devices=[_mig(4, 1, "3g.20gb")])
+    with pytest.raises(AnsibleFilterError, match=r"^GPU 0 \(0000:0:00.0\): MIG device 4 has no"):
+        slurm_gres([a100])
+
+
+@pytest.mark.parametrize(
+    ("local", "count", "cores"),
+    [
+        ([0, 1, 2, 3], 8, "0-3"),
+        ([4, 5, 6, 7, 12], 16, "4-7,12"),
+        ([1], 2, "1"),
+        ([0, 1], 2, ""),  # every core: Slurm is best left free to choose
+        ([], 8, ""),  # sysfs did not say
+        ([0, 1], 0, ""),  # the node's cores unknown
+    ],
+)
+def test_cores_name_the_cores_near_the_gpu_when_they_are_not_all(local, count, cores):
+    a100 = _gpu("NVIDIA A100-PCIE-40GB", 0, local_cores=local)
+    assert [e["cores"] for e in slurm_gres([a100], None, count)] == [cores]
+    mig = {**a100, "mig_mode": True, "mig_devices": [_mig(0, 1, "7g.40gb", 3, 4)]}
+    assert [e["cores"] for e in slurm_gres([mig], None, count)] == [cores]
 
 
 def test_the_slurm_conf_value_counts_each_type_in_order():
@@ -84,9 +141,24 @@ def test_gres_values_as_slurm_writes_them(value, counts):
 
 def test_what_slurmd_reads_from_gres_conf():
     listed = slurm_gres_listed((SLURM / "slurmd-G-t4.txt").read_text())
-    assert listed == [{"type": "tesla_t4", "file": "/dev/nvidia0"}]
+    assert listed == [{"type": "tesla_t4", "file": "/dev/nvidia0", "cores": ""}]
     # Before slurm.conf declares the GPU, slurmd ignores it and lists nothing.
     assert slurm_gres_listed((SLURM / "slurmd-G-undeclared.txt").read_text()) == []
+
+
+def test_what_slurmd_reads_of_mig_devices_with_their_cores():
+    # gres.conf's MultipleFiles come back as File=, comma-joined, with Cores=.
+    listed = slurm_gres_listed((SLURM / "slurmd-G-mig.txt").read_text())
+    assert len(listed) == 8
+    assert listed[0] == {
+        "type": "nvidia_a100_2g.10gb",
+        "file": "/dev/nvidia0,/dev/nvidia-caps/nvidia-cap12,/dev/nvidia-caps/nvidia-cap13",
+        "cores": "0",
+    }
+    assert {(e["file"].split(",")[0], e["cores"]) for e in listed} == {
+        ("/dev/nvidia0", "0"),
+        ("/dev/nvidia1", "1"),
+    }
 
 
 def test_a_node_as_scontrol_reports_it():

@@ -666,8 +666,61 @@ def _resource_file(bus: int, pci_class: int) -> str:
     return "\n".join(lines)
 
 
+# The machine's own CPU topology, which the simulated sysfs copies (programs such as
+# slurmd read the real one, so CPU and core numbers must agree with it).
+HOST_CPUS = Path(os.environ.get("GPUSIM_HOST_CPUS", "/sys/devices/system/cpu"))
+
+
+def _host_cpus() -> list[int]:
+    """Ids of the machine's online CPUs (cpu0 when it does not say)."""
+    try:
+        text = (HOST_CPUS / "online").read_text(encoding="ascii")
+    except OSError:
+        return [0]
+    cpus: list[int] = []
+    for part in text.strip().split(","):
+        first, _, last = part.partition("-")
+        cpus.extend(range(int(first), int(last or first) + 1))
+    return cpus or [0]
+
+
+def numa_cpus(nodes: Sequence[int], cpus: Sequence[int]) -> dict[int, str]:
+    """{NUMA node: its cpulist}: the machine's CPUs dealt out to the profile's NUMA
+    nodes in contiguous runs, as a board's firmware groups them (one CPU may serve
+    several nodes when there are more nodes than CPUs)."""
+    ordered = sorted(set(nodes))
+    if len(cpus) < len(ordered):
+        return {node: str(cpus[rank % len(cpus)]) for rank, node in enumerate(ordered)}
+    share = len(cpus) // len(ordered)
+    runs = {
+        node: cpus[rank * share : (rank + 1) * share if rank < len(ordered) - 1 else None]
+        for rank, node in enumerate(ordered)
+    }
+    return {node: ",".join(str(cpu) for cpu in run) for node, run in runs.items()}
+
+
+def _write_cpu_topology(cpus: Sequence[int]) -> None:
+    """Each CPU's topology files, copied from the machine's."""
+    for cpu in cpus:
+        real = HOST_CPUS / f"cpu{cpu}" / "topology"
+        mine = SYS / "devices" / "system" / "cpu" / f"cpu{cpu}" / "topology"
+        mine.mkdir(parents=True, exist_ok=True)
+        for name in ("physical_package_id", "core_id", "core_cpus_list", "thread_siblings_list"):
+            with contextlib.suppress(OSError):
+                (mine / name).write_text((real / name).read_text(encoding="ascii"))
+        if not (mine / "physical_package_id").exists():
+            (mine / "physical_package_id").write_text("0\n")
+            (mine / "core_cpus_list").write_text(f"{cpu}\n")
+
+
 def _write_pci_device(
-    address: str, vendor: int, device: int, subsystem: int, pci_class: int, numa_node: int
+    address: str,
+    vendor: int,
+    device: int,
+    subsystem: int,
+    pci_class: int,
+    numa_node: int,
+    local_cpus: str,
 ) -> None:
     bus = address.split(":")[1]
     real = SYS / "devices" / f"pci0000:{bus}" / address
@@ -679,6 +732,7 @@ def _write_pci_device(
         "subsystem_device": f"0x{subsystem:04x}",
         "class": f"0x{pci_class:06x}",
         "numa_node": str(numa_node),
+        "local_cpulist": local_cpus,
         "enable": "1",
         "resource": _resource_file(int(bus, 16), pci_class),
     }
@@ -718,25 +772,20 @@ def boot() -> profiles.Profile:
     _write_profile_from_environment()
     prof = profile()
     shutil.rmtree(SYS, ignore_errors=True)
+    cpus = _host_cpus()
+    _write_cpu_topology(cpus)
+    local = numa_cpus([0, *(d.numa_node for d in (*prof.gpus, *prof.nvswitches))], cpus)
     for address, vendor, device, pci_class in _OTHER_PCI_DEVICES:
-        _write_pci_device(address, vendor, device, device, pci_class, 0)
-    for gpu in prof.gpus:
+        _write_pci_device(address, vendor, device, device, pci_class, 0, local[0])
+    for chip in (*prof.gpus, *prof.nvswitches):
         _write_pci_device(
-            gpu.sysfs_name,
+            chip.sysfs_name,
             profiles.NVIDIA_VENDOR,
-            gpu.device_id,
-            gpu.subsystem_id,
-            gpu.pci_class,
-            gpu.numa_node,
-        )
-    for switch in prof.nvswitches:
-        _write_pci_device(
-            switch.sysfs_name,
-            profiles.NVIDIA_VENDOR,
-            switch.device_id,
-            switch.subsystem_id,
-            switch.pci_class,
-            switch.numa_node,
+            chip.device_id,
+            chip.subsystem_id,
+            chip.pci_class,
+            chip.numa_node,
+            local[chip.numa_node],
         )
     efivars = SYS / "firmware" / "efi" / "efivars"
     efivars.mkdir(parents=True, exist_ok=True)

@@ -13,8 +13,16 @@ import re
 
 from ansible.errors import AnsibleFilterError
 
-# A line of `slurmd -G`: how slurmd read one gres.conf entry.
-_LISTED = re.compile(r"Gres Name=gpu\b(?:.*?\bType=(?P<type>\S+))?.*?\bFile=(?P<file>\S+)")
+# A line of `slurmd -G`: how slurmd read one gres.conf entry (File= is the list of
+# MultipleFiles, comma-joined, for a MIG device).
+_LISTED = re.compile(
+    r"Gres Name=gpu\b(?:.*?\bType=(?P<type>\S+))?.*?\bFile=(?P<file>\S+)"
+    r"(?:[^\n]*?\bCores=(?P<cores>\S+))?"
+)
+
+
+def _underscored(name):
+    return "".join("_" if c == " " else c.lower() for c in name)
 
 
 def slurm_gres_type(name, types=None):
@@ -23,12 +31,39 @@ def slurm_gres_type(name, types=None):
     Slurm's own AutoDetect=nvml names it ("Tesla T4" -> "tesla_t4")."""
     if name in (types or {}):
         return str(types[name])
-    return "".join("_" if c == " " else c.lower() for c in name)
+    return _underscored(name)
 
 
-def slurm_gres(gpus, types=None):
-    """One gres.conf entry per GPU: {type, file, gpu, mig}. A GPU whose name or device
-    file the facts do not know is an error naming it."""
+def slurm_mig_type(name, profile, types=None):
+    """The GRES type of a MIG device of profile `profile` ("3g.20gb") on a GPU named
+    `name`: the GPU's type cut at its first '-' as AutoDetect=nvml cuts it
+    ("NVIDIA A100-SXM4-40GB" -> "nvidia_a100"), or the site's type for the model,
+    then "_" and the profile NVIDIA names ("nvidia_a100_3g.20gb")."""
+    base = str(types[name]) if name in (types or {}) else _underscored(name).split("-", 1)[0]
+    return f"{base}_{profile}"
+
+
+def _cores(local, count):
+    """Cores= for a device near `local` cores of `count`: "" when that is every core
+    (or unknown), as Slurm advises; else ranges ("0-15,32")."""
+    if not local or not count or set(local) >= set(range(count)):
+        return ""
+    runs = []
+    for core in sorted(set(local)):
+        if runs and core == runs[-1][1] + 1:
+            runs[-1][1] = core
+        else:
+            runs.append([core, core])
+    return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in runs)
+
+
+def slurm_gres(gpus, types=None, core_count=0):
+    """One gres.conf entry per GPU, or per MIG device of a GPU in MIG mode:
+    {type, file, files, cores, gpu, mig}. `file` is the comma-joined `files` (one
+    file, or a MIG device's GPU and capability files), as slurmd -G lists it; `cores`
+    is the Cores= value ("" for any core); `mig` the MIG profile ("" for a whole GPU).
+    A GPU in MIG mode without MIG devices has no entry. What the facts do not know (a
+    name, a device file) is an error naming the GPU."""
     if not isinstance(gpus, list):
         raise AnsibleFilterError("slurm_gres: expected the node's GPU list (gpu_facts)")
     entries = []
@@ -41,13 +76,30 @@ def slurm_gres(gpus, types=None):
             raise AnsibleFilterError(
                 f"{where}: the driver reported no minor number, so its /dev/nvidiaN is unknown"
             )
-        entries.append(
+        cores = _cores(gpu.get("local_cores"), core_count)
+        devices = [(slurm_gres_type(gpu["name"], types), [f"/dev/nvidia{minor}"], "")]
+        if gpu.get("mig_mode"):
+            devices = []
+            for mig in gpu.get("mig_devices") or []:
+                if not mig.get("profile") or len(mig.get("cap_files") or []) != 2:
+                    raise AnsibleFilterError(
+                        f"{where}: MIG device {mig.get('index')} has no profile or no "
+                        "capability device files in the facts (/proc/driver/nvidia-caps/mig-minors)"
+                    )
+                mig_type = slurm_mig_type(gpu["name"], mig["profile"], types)
+                devices.append(
+                    (mig_type, [f"/dev/nvidia{minor}", *mig["cap_files"]], mig["profile"])
+                )
+        entries.extend(
             {
-                "type": slurm_gres_type(gpu["name"], types),
-                "file": f"/dev/nvidia{minor}",
+                "type": kind,
+                "file": ",".join(files),
+                "files": files,
+                "cores": cores,
                 "gpu": index,
-                "mig": bool(gpu.get("mig_mode")),
+                "mig": profile,
             }
+            for kind, files, profile in devices
         )
     return entries
 
@@ -79,9 +131,9 @@ def slurm_gres_counts(spec):
 
 
 def slurm_gres_listed(output):
-    """[{type, file}] of the GPUs `slurmd -G` says it read from gres.conf."""
+    """[{type, file, cores}] of the GPUs `slurmd -G` says it read from gres.conf."""
     return [
-        {"type": m.group("type") or "", "file": m.group("file")}
+        {"type": m.group("type") or "", "file": m.group("file"), "cores": m.group("cores") or ""}
         for m in _LISTED.finditer(output or "")
     ]
 

@@ -66,9 +66,13 @@ def driver_facts(
 
 
 def gpu_list(
-    pci_gpus: list[PciDevice], smi_rows: list[dict[str, Any]] | None, smi_xml: dict[str, Any] | None
+    pci_gpus: list[PciDevice],
+    smi_rows: list[dict[str, Any]] | None,
+    smi_xml: dict[str, Any] | None,
+    cores: dict[int, int] | None = None,
 ) -> list[dict[str, Any]]:
-    """One entry per GPU; names from NVML when the driver answers, else from the id table."""
+    """One entry per GPU; names from NVML when the driver answers, else from the id table.
+    `cores` is cpus.core_indexes' map, for the logical cores local to each GPU."""
     by_bus: dict[str, dict[str, Any]] = {}
     for row in smi_rows or []:
         bus_id = (row.get("pci.bus_id") or "").lower()
@@ -95,6 +99,11 @@ def gpu_list(
                 "pci_address": device.address,
                 "device_id": f"0x{device.device:04x}",
                 "numa_node": device.numa_node,
+                # Logical indexes (hwloc's, Slurm's Cores=) of the cores of the CPUs the
+                # kernel lists as local to the GPU; [] when sysfs does not say.
+                "local_cores": sorted(
+                    {(cores or {})[cpu] for cpu in device.local_cpus if cpu in (cores or {})}
+                ),
                 "bound_driver": device.driver,
                 "name": row.get("name") or (model.name if model else None),
                 "name_source": "nvml" if row.get("name") else ("pci-id-table" if model else None),
@@ -214,3 +223,25 @@ def installed_from_rpm(output: str) -> dict[str, str] | None:
                 "package": fields[0],
             }
     return None
+
+
+def mig_cap_files(gpus: list[dict[str, Any]], mig_minors: str | None) -> None:
+    """Give each MIG device of `gpus` (gpu_list's) `cap_files`: the device files of its
+    GPU instance's and compute instance's access capabilities, as
+    /proc/driver/nvidia-caps/mig-minors numbers them ("gpu0/gi1/access 21" is
+    /dev/nvidia-caps/nvidia-cap21; gpuN is the GPU's minor number). [] where the list
+    does not name them."""
+    minors = {}
+    for line in (mig_minors or "").splitlines():
+        name, _, minor = line.partition(" ")
+        if minor.strip().isdigit():
+            minors[name] = int(minor)
+    for gpu in gpus:
+        for device in gpu.get("mig_devices") or []:
+            base = f"gpu{gpu.get('minor_number')}/gi{device.get('gpu_instance_id')}"
+            caps = [f"{base}/access", f"{base}/ci{device.get('compute_instance_id')}/access"]
+            device["cap_files"] = (
+                [f"/dev/nvidia-caps/nvidia-cap{minors[cap]}" for cap in caps]
+                if all(cap in minors for cap in caps)
+                else []
+            )

@@ -2,15 +2,18 @@
 # Apache License 2.0 (see the repository's LICENSE)
 """Find NVIDIA GPUs and NVSwitches in a sysfs tree.
 
-Reads <sysfs_root>/bus/pci/devices/*/{vendor,device,class,numa_node,driver}, the
-same files lspci and node-feature-discovery read. `sysfs_root` is /sys on a host;
+Reads <sysfs_root>/bus/pci/devices/*/{vendor,device,class,numa_node,local_cpulist,
+driver}, the same files lspci and node-feature-discovery read. `sysfs_root` is /sys on a host;
 another root lets the same code read a host sysfs mounted elsewhere.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.cpus import parse_cpulist
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.cpus import read_sysfs as _read
 
 NVIDIA_VENDOR = 0x10DE
 # PCI base class 0x03 (display): subclass 0x00 VGA-compatible, 0x02 3D controller.
@@ -27,6 +30,8 @@ class PciDevice:
     class_code: int  # the 24-bit class register
     numa_node: int
     driver: str | None
+    # The CPUs the kernel counts as close to the device (its NUMA node's); () unknown.
+    local_cpus: tuple[int, ...] = field(default=())
 
     @property
     def base_class(self) -> int:
@@ -37,15 +42,8 @@ class PciDevice:
         data["vendor"] = f"0x{self.vendor:04x}"
         data["device"] = f"0x{self.device:04x}"
         data["class_code"] = f"0x{self.class_code:06x}"
+        data["local_cpus"] = list(self.local_cpus)
         return data
-
-
-def _read(path: str) -> str | None:
-    try:
-        with open(path, encoding="ascii") as handle:
-            return handle.read().strip()
-    except (OSError, UnicodeDecodeError):
-        return None
 
 
 def _hex(value: str | None) -> int | None:
@@ -79,7 +77,10 @@ def scan(sysfs_root: str) -> list[PciDevice]:
             numa_node = -1
         driver_link = os.path.join(path, "driver")
         driver = os.path.basename(os.readlink(driver_link)) if os.path.islink(driver_link) else None
-        devices.append(PciDevice(address, vendor, device, class_code, numa_node, driver))
+        local_cpus = tuple(parse_cpulist(_read(os.path.join(path, "local_cpulist"))))
+        devices.append(
+            PciDevice(address, vendor, device, class_code, numa_node, driver, local_cpus)
+        )
     return devices
 
 

@@ -71,11 +71,17 @@ ansible_facts:
           sample: 8
         gpus:
           description: One entry per GPU (PCI address, device id, name, memory in MiB,
-            NUMA node, compute capability, family, UUID when the driver answers; on a GPU
-            with MIG C(mig_mode), C(mig_mode_pending) (the mode its next reset brings)
-            and C(mig_devices)).
+            NUMA node, C(local_cores) (logical indexes of the cores near it), compute
+            capability, family, UUID and C(minor_number) when the driver answers; on a
+            GPU with MIG C(mig_mode), C(mig_mode_pending) (the mode its next reset
+            brings) and C(mig_devices), each with its C(profile) and C(cap_files) (the
+            capability device files of its instances)).
           type: list
           elements: dict
+        core_count:
+          description: Number of CPU cores of the node as sysfs shows them (0 unknown).
+          type: int
+          sample: 64
         nvswitch_count:
           description: Number of NVSwitch chips on the PCI bus.
           type: int
@@ -120,7 +126,10 @@ import platform
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.nvidia.plugins.module_utils import discovery, pci, smi
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import cpus, discovery, pci, smi
+
+# The device minor of every MIG capability, as the loaded nvidia module lists them.
+MIG_MINORS = "/proc/driver/nvidia-caps/mig-minors"
 
 
 def _read(path, mode="r"):
@@ -218,7 +227,10 @@ def gather(module, sysfs_root, query_driver):
             rows, xml, smi_error = _query_smi(module)
         except smi.SmiParseError as exc:
             smi_error = str(exc)
-    gpu_list = discovery.gpu_list(gpus, rows, xml)
+    cores = cpus.core_indexes(sysfs_root)
+    gpu_list = discovery.gpu_list(gpus, rows, xml, cores)
+    if any(gpu["mig_devices"] for gpu in gpu_list):
+        discovery.mig_cap_files(gpu_list, _read(MIG_MINORS))
     cuda_version = (xml or {}).get("cuda_version")
     persistence = [g["persistence_mode"] for g in gpu_list if g["persistence_mode"] is not None]
 
@@ -231,6 +243,8 @@ def gather(module, sysfs_root, query_driver):
         "sysfs_root": sysfs_root,
         "gpu_count": len(gpus),
         "gpus": gpu_list,
+        # Cores of the node, as numbered for local_cores (0 when sysfs does not say).
+        "core_count": len(set(cores.values())),
         "nvswitch_count": len(switches),
         "nvswitches": [s.as_dict() for s in switches],
         "driver": driver,
