@@ -261,3 +261,29 @@ def test_a_driver_change_waits_in_drain_for_the_job_then_resumes_the_node(fleet:
     # A second pass changes nothing.
     result = fleet.reconcile("--once")
     assert result.stdout.startswith("cycle: 3 probed, 0 planned, 0 applied"), result.stdout
+
+
+def test_a_new_mig_layout_halts_drained_until_slurm_conf_has_its_line(fleet: SlurmFleet):
+    """A layout change is disruptive: the node is drained first. Its GRES are new, so
+    slurm.conf's line for it is out of date: the rollout halts there, the node left
+    drained, saying the line it needs; with that line in, a release finishes it."""
+    fleet.set_host_vars(MIG, **{**MIG_VARS, "mig_config": "all-1g.5gb"})
+    result = fleet.reconcile("--once")
+    record = fleet.status()[MIG]
+    assert record["rollout_phase"] == "halted", result.stdout
+    rendered = fleet.on_node(MIG, "cat", "/etc/gpufleet/slurm/node.conf").stdout.splitlines()[-1]
+    assert rendered.endswith(" Gres=gpu:nvidia_a100_1g.5gb:14"), rendered
+    assert f"its line there should be {rendered}" in " ".join(record["rollout_reason"].split())
+    listed = fleet.on_node(MIG, "nvidia-smi", "-L").stdout
+    assert listed.count("MIG 1g.5gb ") == 14, listed
+    node = fleet.scontrol(MIG)
+    assert "DRAIN" in node["State"] and node["Reason"].startswith("gpufleet: "), node
+    # The administrator puts the line in slurm.conf and releases the host.
+    subprocess.run(SLURM, check=True)
+    assert fleet.runner("release", MIG).returncode == 0
+    result = fleet.reconcile("--once")
+    assert result.returncode == 0, result.stdout + result.stderr
+    node = fleet.scontrol(MIG)
+    assert node["State"] == "IDLE" and node["Reason"] == "", node
+    assert node["Gres"].replace("(S:0)", "") == "gpu:nvidia_a100_1g.5gb:14", node
+    assert fleet.status()[MIG]["rollout_phase"] is None
