@@ -215,6 +215,9 @@ def test_cores_are_numbered_package_by_package_whatever_the_cpu_ids(tmp_path):
     (tmp_path / "devices" / "system" / "cpu" / "online").write_text("0-7\n")
     assert cpus.core_indexes(str(tmp_path)) == {0: 0, 4: 0, 2: 1, 6: 1, 1: 2, 5: 2, 3: 3, 7: 3}
     assert cpus.core_indexes(str(tmp_path / "nothing")) == {}
+    # A core whose CPUs are offline is not counted.
+    (tmp_path / "devices" / "system" / "cpu" / "online").write_text("0-2,4-6\n")
+    assert cpus.core_indexes(str(tmp_path)) == {0: 0, 4: 0, 2: 1, 6: 1, 1: 2, 5: 2}
 
 
 @pytest.mark.parametrize(
@@ -264,3 +267,6 @@ def test_mig_devices_get_their_capability_files_by_the_gpus_minor_number():
         ["/dev/nvidia-caps/nvidia-cap48", "/dev/nvidia-caps/nvidia-cap49"],
         [],  # an instance the list does not name
     ]
+    # A device file not made yet: a job given the device could not open it.
+    discovery.mig_cap_files(gpus, MIG_MINORS, lambda path: not path.endswith("cap49"))
+    assert [bool(d["cap_files"]) for d in gpus[0]["mig_devices"]] == [True, False, False]

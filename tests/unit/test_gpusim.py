@@ -65,8 +65,10 @@ def test_the_machines_cpus_are_dealt_to_the_profiles_numa_nodes(sim_node, monkey
     cores = cpus.core_indexes(str(node.SYS))
     gpus = discovery.gpu_list(pci.nvidia_gpus(pci.scan(str(node.SYS))), None, None, cores)
     assert [g["local_cores"] for g in gpus] == [[0, 1]] * 4 + [[2, 3]] * 4
-    # More NUMA nodes than CPUs: each node still has one.
-    assert node.numa_cpus([0, 1, 2], [0, 1]) == {0: "0", 1: "1", 2: "0"}
+    # Cores are dealt whole, hyperthreads with them; more NUMA nodes than cores: each
+    # node still has one.
+    assert node.numa_cpus([0, 1], [[0, 2], [1, 3]]) == {0: "0,2", 1: "1,3"}
+    assert node.numa_cpus([0, 1, 2], [[0], [1]]) == {0: "0", 1: "1", 2: "0"}
 
 
 def test_no_driver_package_means_module_not_found(sim_node):

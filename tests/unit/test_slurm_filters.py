@@ -118,6 +118,16 @@ def test_cores_name_the_cores_near_the_gpu_when_they_are_not_all(local, count, c
     assert [e["cores"] for e in slurm_gres([mig], None, count)] == [cores]
 
 
+def test_cores_are_on_every_line_or_on_none():
+    near = [[0, 1], [2, 3], [0, 1, 2, 3], []]
+    gpus = [_gpu("Tesla T4", minor, local_cores=cores) for minor, cores in enumerate(near)]
+    # A GPU near every core, or whose cores are unknown, gets all of them when another
+    # has some (slurmctld warns of a node whose GRES name cores only in part).
+    assert [e["cores"] for e in slurm_gres(gpus, None, 4)] == ["0-1", "2-3", "0-3", "0-3"]
+    # A core Slurm does not count (slurmd -C says fewer): the numbering is not Slurm's.
+    assert [e["cores"] for e in slurm_gres(gpus[:2], None, 3)] == ["", ""]
+
+
 def test_the_slurm_conf_value_counts_each_type_in_order():
     gpus = [_gpu("Tesla T4", 0), _gpu("NVIDIA L4", 1), _gpu("Tesla T4", 2)]
     assert slurm_gres_spec(slurm_gres(gpus)) == "gpu:tesla_t4:2,gpu:nvidia_l4:1"

@@ -671,32 +671,55 @@ def _resource_file(bus: int, pci_class: int) -> str:
 HOST_CPUS = Path(os.environ.get("GPUSIM_HOST_CPUS", "/sys/devices/system/cpu"))
 
 
-def _host_cpus() -> list[int]:
-    """Ids of the machine's online CPUs (cpu0 when it does not say)."""
-    try:
-        text = (HOST_CPUS / "online").read_text(encoding="ascii")
-    except OSError:
-        return [0]
+def _cpulist(text: str) -> list[int]:
     cpus: list[int] = []
     for part in text.strip().split(","):
-        first, _, last = part.partition("-")
-        cpus.extend(range(int(first), int(last or first) + 1))
-    return cpus or [0]
+        if part:
+            first, _, last = part.partition("-")
+            cpus.extend(range(int(first), int(last or first) + 1))
+    return cpus
 
 
-def numa_cpus(nodes: Sequence[int], cpus: Sequence[int]) -> dict[int, str]:
-    """{NUMA node: its cpulist}: the machine's CPUs dealt out to the profile's NUMA
-    nodes in contiguous runs, as a board's firmware groups them (one CPU may serve
-    several nodes when there are more nodes than CPUs)."""
-    ordered = sorted(set(nodes))
-    if len(cpus) < len(ordered):
-        return {node: str(cpus[rank % len(cpus)]) for rank, node in enumerate(ordered)}
-    share = len(cpus) // len(ordered)
-    runs = {
-        node: cpus[rank * share : (rank + 1) * share if rank < len(ordered) - 1 else None]
-        for rank, node in enumerate(ordered)
+def _host_cores() -> list[list[int]]:
+    """The machine's online cores, each as its CPUs (hyperthreads), in the order
+    Slurm and hwloc number cores: package by package, each in order of first CPU."""
+    try:
+        online = _cpulist((HOST_CPUS / "online").read_text(encoding="ascii"))
+    except OSError:
+        return [[0]]
+    cores: dict[tuple[int, ...], str] = {}
+    for cpu in online:
+        topology = HOST_CPUS / f"cpu{cpu}" / "topology"
+        try:
+            package = (topology / "physical_package_id").read_text(encoding="ascii").strip()
+            siblings = (topology / "core_cpus_list").read_text(encoding="ascii")
+        except OSError:
+            package, siblings = "0", str(cpu)
+        cores[tuple(_cpulist(siblings))] = package
+    first = {
+        package: min(c[0] for c, p in cores.items() if p == package) for package in cores.values()
     }
-    return {node: ",".join(str(cpu) for cpu in run) for node, run in runs.items()}
+    ordered = sorted(cores, key=lambda core: (first[cores[core]], core[0]))
+    return [list(core) for core in ordered] or [[0]]
+
+
+def numa_cpus(nodes: Sequence[int], cores: Sequence[Sequence[int]]) -> dict[int, str]:
+    """{NUMA node: its cpulist}: the machine's cores (with their hyperthreads) dealt
+    out to the profile's NUMA nodes in runs, as a board's firmware groups them (one
+    core may serve several nodes when there are more nodes than cores)."""
+    ordered = sorted(set(nodes))
+    if len(cores) < len(ordered):
+        runs = {node: [cores[rank % len(cores)]] for rank, node in enumerate(ordered)}
+    else:
+        share = len(cores) // len(ordered)
+        runs = {
+            node: cores[rank * share : (rank + 1) * share if rank < len(ordered) - 1 else None]
+            for rank, node in enumerate(ordered)
+        }
+    return {
+        node: ",".join(str(cpu) for cpu in sorted(cpu for core in run for cpu in core))
+        for node, run in runs.items()
+    }
 
 
 def _write_cpu_topology(cpus: Sequence[int]) -> None:
@@ -772,9 +795,9 @@ def boot() -> profiles.Profile:
     _write_profile_from_environment()
     prof = profile()
     shutil.rmtree(SYS, ignore_errors=True)
-    cpus = _host_cpus()
-    _write_cpu_topology(cpus)
-    local = numa_cpus([0, *(d.numa_node for d in (*prof.gpus, *prof.nvswitches))], cpus)
+    cores = _host_cores()
+    _write_cpu_topology([cpu for core in cores for cpu in core])
+    local = numa_cpus([0, *(d.numa_node for d in (*prof.gpus, *prof.nvswitches))], cores)
     for address, vendor, device, pci_class in _OTHER_PCI_DEVICES:
         _write_pci_device(address, vendor, device, device, pci_class, 0, local[0])
     for chip in (*prof.gpus, *prof.nvswitches):

@@ -45,7 +45,7 @@ def slurm_mig_type(name, profile, types=None):
 
 def _cores(local, count):
     """Cores= for a device near `local` cores of `count`: "" when that is every core
-    (or unknown), as Slurm advises; else ranges ("0-15,32")."""
+    or unknown, as Slurm advises; else ranges ("0-15,32")."""
     if not local or not count or set(local) >= set(range(count)):
         return ""
     runs = []
@@ -61,12 +61,17 @@ def slurm_gres(gpus, types=None, core_count=0):
     """One gres.conf entry per GPU, or per MIG device of a GPU in MIG mode:
     {type, file, files, cores, gpu, mig}. `file` is the comma-joined `files` (one
     file, or a MIG device's GPU and capability files), as slurmd -G lists it; `cores`
-    is the Cores= value ("" for any core); `mig` the MIG profile ("" for a whole GPU).
+    is the Cores= value ("" for any core; on every entry or none), from the GPU's
+    `local_cores` among `core_count` (Slurm's count of the node's cores); `mig` the
+    MIG profile ("" for a whole GPU).
     A GPU in MIG mode without MIG devices has no entry. What the facts do not know (a
     name, a device file) is an error naming the GPU."""
     if not isinstance(gpus, list):
         raise AnsibleFilterError("slurm_gres: expected the node's GPU list (gpu_facts)")
+    if any(max(gpu.get("local_cores") or [0]) >= core_count for gpu in gpus):
+        core_count = 0  # a core Slurm does not count: the numbering is not Slurm's
     entries = []
+    near = []
     for index, gpu in enumerate(gpus):
         where = f"GPU {index} ({gpu.get('pci_address', '?')})"
         if not gpu.get("name"):
@@ -77,6 +82,7 @@ def slurm_gres(gpus, types=None, core_count=0):
                 f"{where}: the driver reported no minor number, so its /dev/nvidiaN is unknown"
             )
         cores = _cores(gpu.get("local_cores"), core_count)
+        near.append(cores)
         devices = [(slurm_gres_type(gpu["name"], types), [f"/dev/nvidia{minor}"], "")]
         if gpu.get("mig_mode"):
             devices = []
@@ -84,7 +90,8 @@ def slurm_gres(gpus, types=None, core_count=0):
                 if not mig.get("profile") or len(mig.get("cap_files") or []) != 2:
                     raise AnsibleFilterError(
                         f"{where}: MIG device {mig.get('index')} has no profile or no "
-                        "capability device files in the facts (/proc/driver/nvidia-caps/mig-minors)"
+                        "capability device files in the facts (numbered in "
+                        "/proc/driver/nvidia-caps/mig-minors, made under /dev/nvidia-caps)"
                     )
                 mig_type = slurm_mig_type(gpu["name"], mig["profile"], types)
                 devices.append(
@@ -101,6 +108,12 @@ def slurm_gres(gpus, types=None, core_count=0):
             }
             for kind, files, profile in devices
         )
+    if any(near):
+        # Cores= on every line or on none: slurmctld warns of a node whose GRES have
+        # cores only in part. A GPU near every core (or unknown) gets them all.
+        every = _cores(range(core_count), core_count + 1)
+        for entry in entries:
+            entry["cores"] = entry["cores"] or every
     return entries
 
 

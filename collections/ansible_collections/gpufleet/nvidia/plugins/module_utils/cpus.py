@@ -2,12 +2,14 @@
 # Apache License 2.0 (see the repository's LICENSE)
 """The node's CPU cores as a scheduler numbers them, from sysfs.
 
-Reads <sysfs_root>/devices/system/cpu/cpuN/topology/{physical_package_id,
-core_cpus_list}. Cores get logical indexes the way hwloc gives them (lstopo's
-"Core L#", which Slurm's gres.conf Cores= takes): packages in the order of their
-first CPU, and within a package cores in the order of their first CPU. Linux CPU ids
-can interleave packages (cpu0 on package 0, cpu1 on package 1), so the index of a
-core is not its first CPU's id.
+Reads <sysfs_root>/devices/system/cpu/{online,cpuN/topology/{physical_package_id,
+core_cpus_list}}. Cores get logical indexes as hwloc gives them on common layouts
+(lstopo's "Core L#", which Slurm's gres.conf Cores= takes): packages in the order of
+their first CPU, and within a package cores in the order of their first CPU. Linux
+CPU ids can interleave packages (cpu0 on package 0, cpu1 on package 1), so the index
+of a core is not its first CPU's id. Where ids interleave caches or groups inside a
+package (some sub-NUMA clustering layouts), hwloc's tree order can differ from this;
+the Slurm stage writes Cores= only where the count agrees with slurmd's.
 """
 
 from __future__ import annotations
@@ -49,10 +51,11 @@ def core_indexes(sysfs_root: str) -> dict[int, int]:
         names = os.listdir(base)
     except OSError:
         return {}
+    online = set(parse_cpulist(read_sysfs(os.path.join(base, "online"))))
     cores: dict[tuple[str, tuple[int, ...]], None] = {}
     for name in names:
         match = _CPU_DIR.match(name)
-        if not match:
+        if not match or (online and int(match.group(1)) not in online):
             continue
         topology = os.path.join(base, name, "topology")
         package = read_sysfs(os.path.join(topology, "physical_package_id"))

@@ -9,6 +9,7 @@ the results here; tests call these directly.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import gpu_models
@@ -225,12 +226,17 @@ def installed_from_rpm(output: str) -> dict[str, str] | None:
     return None
 
 
-def mig_cap_files(gpus: list[dict[str, Any]], mig_minors: str | None) -> None:
+def mig_cap_files(
+    gpus: list[dict[str, Any]],
+    mig_minors: str | None,
+    exists: Callable[[str], bool] = lambda path: True,
+) -> None:
     """Give each MIG device of `gpus` (gpu_list's) `cap_files`: the device files of its
     GPU instance's and compute instance's access capabilities, as
     /proc/driver/nvidia-caps/mig-minors numbers them ("gpu0/gi1/access 21" is
     /dev/nvidia-caps/nvidia-cap21; gpuN is the GPU's minor number). [] where the list
-    does not name them."""
+    does not name them or a file does not `exist` (a job given the device could not
+    open it)."""
     minors = {}
     for line in (mig_minors or "").splitlines():
         name, _, minor = line.partition(" ")
@@ -240,8 +246,5 @@ def mig_cap_files(gpus: list[dict[str, Any]], mig_minors: str | None) -> None:
         for device in gpu.get("mig_devices") or []:
             base = f"gpu{gpu.get('minor_number')}/gi{device.get('gpu_instance_id')}"
             caps = [f"{base}/access", f"{base}/ci{device.get('compute_instance_id')}/access"]
-            device["cap_files"] = (
-                [f"/dev/nvidia-caps/nvidia-cap{minors[cap]}" for cap in caps]
-                if all(cap in minors for cap in caps)
-                else []
-            )
+            files = [f"/dev/nvidia-caps/nvidia-cap{minors[cap]}" for cap in caps if cap in minors]
+            device["cap_files"] = files if len(files) == 2 and all(map(exists, files)) else []

@@ -230,7 +230,7 @@ def gather(module, sysfs_root, query_driver):
     cores = cpus.core_indexes(sysfs_root)
     gpu_list = discovery.gpu_list(gpus, rows, xml, cores)
     if any(gpu["mig_devices"] for gpu in gpu_list):
-        discovery.mig_cap_files(gpu_list, _read(MIG_MINORS))
+        discovery.mig_cap_files(gpu_list, _read(MIG_MINORS), os.path.exists)
     cuda_version = (xml or {}).get("cuda_version")
     persistence = [g["persistence_mode"] for g in gpu_list if g["persistence_mode"] is not None]
 
