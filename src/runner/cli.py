@@ -16,7 +16,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import sys
 import time
 from collections.abc import Sequence
@@ -24,12 +23,12 @@ from dataclasses import asdict, replace
 from enum import IntEnum
 from pathlib import Path
 from types import FrameType
-from typing import Any
 
 import yaml
 
-from runner import __version__
-from runner.engine import STAGES, AnsibleEngine, EngineError
+from runner import show
+from runner.arguments import build_parser
+from runner.engine import AnsibleEngine, EngineError
 from runner.lock import InventoryLock, LockHeld
 from runner.reconcile import (
     CycleReport,
@@ -40,12 +39,10 @@ from runner.reconcile import (
     Stop,
     release,
 )
-from runner.rollout import IN_FLIGHT, PolicyError
+from runner.rollout import PolicyError
 from runner.state import (
-    ClusterRecord,
+    ClusterStatus,
     HostRecord,
-    HostStatus,
-    RolloutRecord,
     StateError,
     StateStore,
     ensure_private_dir,
@@ -63,13 +60,6 @@ class Exit(IntEnum):
     INTERRUPTED = 130  # stopped by SIGINT or SIGTERM after the current batch
 
 
-EXIT_TEXT = """exit codes: 0 done (fleet converged, or nothing to do); 1 a host failed, is
-unreachable, quarantined or waiting for a reboot, or a rollout halted; 2 bad
-arguments or inventory
-(nothing touched); 3 another reconciler holds the inventory's lock; 4 the state
-database is unusable; 5 (plan, reconcile --check) changes are pending; 130
-stopped by a signal after the current batch."""
-
 # The checkout this package lives in, when installed editable (`make venv`).
 CHECKOUT = Path(__file__).resolve().parents[2]
 log = logging.getLogger("runner")
@@ -77,175 +67,6 @@ log = logging.getLogger("runner")
 
 class UsageError(Exception):
     """Bad input; the message names it and the expected form."""
-
-
-def _default_state_dir() -> Path:
-    if os.environ.get("GPUFLEET_STATE_DIR"):
-        return Path(os.environ["GPUFLEET_STATE_DIR"])
-    if os.geteuid() == 0:
-        return Path("/var/lib/gpufleet-runner")
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "gpufleet"
-
-
-def _positive(kind: type, minimum: float) -> Any:
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"expected at least {minimum}, got {text}")
-        return value
-
-    return parse
-
-
-def _components(text: str) -> tuple[str, ...]:
-    names = tuple(n.strip() for n in text.split(",") if n.strip())
-    unknown = [n for n in names if n not in STAGES]
-    if unknown or not names:
-        raise argparse.ArgumentTypeError(
-            f"unknown component {', '.join(unknown) or repr(text)}; expected a comma-separated "
-            f"list of {', '.join(STAGES)}"
-        )
-    return names
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m runner",
-        description="Keep a fleet of NVIDIA GPU nodes converged.",
-        epilog=EXIT_TEXT,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--version", action="version", version=f"gpufleet runner {__version__}")
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "-i",
-        "--inventory",
-        default=os.environ.get("GPUFLEET_INVENTORY"),
-        help="Ansible inventory (file or directory; default $GPUFLEET_INVENTORY)",
-    )
-    common.add_argument(
-        "--state-dir",
-        type=Path,
-        default=_default_state_dir(),
-        help="where state lives, one database per inventory (default %(default)s)",
-    )
-    common.add_argument(
-        "--log-format", choices=("text", "json"), default="text", help="log lines on stderr"
-    )
-    common.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
-    common.add_argument(
-        "--local",
-        action="store_true",
-        help="pull mode: this node only (reconciled over a local connection)",
-    )
-    common.add_argument(
-        "--node-name",
-        default=socket.gethostname(),
-        help="with --local: this node's inventory name (default %(default)s)",
-    )
-    acting = argparse.ArgumentParser(add_help=False)
-    acting.add_argument("-l", "--limit", help="Ansible host pattern: only these hosts")
-    acting.add_argument(
-        "--components",
-        type=_components,
-        default=(),
-        help=f"act only on drift in / changes to these ({', '.join(STAGES)}); an apply "
-        "still runs every stage on the host, since stages build on each other",
-    )
-    acting.add_argument(
-        "--rebuild-state",
-        action="store_true",
-        help="move an unreadable state database aside and start a new one",
-    )
-    acting.add_argument(
-        "--keep-runs",
-        type=_positive(int, 1),
-        default=10,
-        help="Ansible run artifacts kept (default %(default)s)",
-    )
-    acting.add_argument(
-        "--forks",
-        type=_positive(int, 1),
-        default=None,
-        help="parallel Ansible connections (default: the inventory's "
-        "gpufleet_reconcile_forks, else one per host up to 10 per CPU)",
-    )
-    acting.add_argument(
-        "--full-check-interval",
-        type=_positive(float, 60),
-        default=86400.0,
-        help="plan every host once per this many seconds, each at its own offset in "
-        "it (default %(default)s)",
-    )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-
-    rec = sub.add_parser(
-        "reconcile", parents=[common, acting], help="keep the fleet converged", epilog=EXIT_TEXT
-    )
-    when = rec.add_mutually_exclusive_group()
-    when.add_argument("--once", action="store_true", help="one cycle, then exit")
-    when.add_argument(
-        "--interval",
-        type=_positive(float, 1),
-        default=300.0,
-        help="seconds between cycles, jittered by 10%% (default %(default)s)",
-    )
-    rec.add_argument("--check", action="store_true", help="probe and plan only; apply nothing")
-    rec.add_argument(
-        "--json", action="store_true", help="with --once: print the cycle's report as JSON"
-    )
-    rec.add_argument(
-        "--max-parallel",
-        type=_positive(int, 1),
-        default=1,
-        help="hosts per rollout batch, for pools whose inventory sets no "
-        "gpufleet_rollout_max_parallel (default %(default)s)",
-    )
-    rec.add_argument(
-        "--max-unavailable",
-        type=_positive(int, 1),
-        default=1,
-        help="hosts of a pool out of service at once, where the inventory sets no "
-        "gpufleet_rollout_max_unavailable (default %(default)s)",
-    )
-    rec.add_argument("--quarantine-after", type=_positive(int, 1), default=5)
-    rec.add_argument("--backoff-base", type=_positive(float, 1), default=60.0)
-    rec.add_argument("--backoff-cap", type=_positive(float, 1), default=3600.0)
-    rec.add_argument("--metrics-address", default="127.0.0.1", help="Prometheus endpoint address")
-    rec.add_argument(
-        "--metrics-port",
-        type=_positive(int, 0),
-        default=None,
-        help="serve Prometheus metrics on this port (default: 9842 in loop mode, none "
-        "with --once; 0 turns it off)",
-    )
-
-    plan = sub.add_parser(
-        "plan", parents=[common, acting], help="what would change, with diffs", epilog=EXIT_TEXT
-    )
-    plan.add_argument(
-        "--all", action="store_true", help="plan every host, not only those the probe flags"
-    )
-    plan.add_argument("--json", action="store_true", help="machine-readable output")
-
-    status = sub.add_parser("status", parents=[common], help="hosts x stages")
-    status.add_argument("--json", action="store_true", help="machine-readable output")
-
-    hist = sub.add_parser("history", parents=[common], help="what happened")
-    hist.add_argument("--host", help="only this host")
-    hist.add_argument("-n", type=_positive(int, 1), default=50, help="entries (default 50)")
-    hist.add_argument("--kind", action="append", default=[], help="only entries of this kind")
-    hist.add_argument("--json", action="store_true", help="machine-readable output")
-
-    rel = sub.add_parser(
-        "release", parents=[common], help="clear a host's quarantine or halted rollout"
-    )
-    rel.add_argument("hosts", nargs="+", metavar="HOST")
-    return parser
 
 
 # -- logging -------------------------------------------------------------------
@@ -394,19 +215,14 @@ def _run_cycle(args: argparse.Namespace) -> int:
                 progress=None if args.quiet else _progress,
                 cancel=lambda: stop.urgent,
             )
-            observers: list[Observer] = [LogObserver()]
             once = args.command == "plan" or args.once
-            if args.command == "reconcile":
-                port = args.metrics_port if args.metrics_port is not None else (0 if once else 9842)
-                if port:
-                    from runner.metrics import Metrics
-
-                    metrics = Metrics()
-                    metrics.serve(args.metrics_address, port)
-                    log.info("metrics on http://%s:%d/metrics", args.metrics_address, port)
-                    observers.append(metrics)
             reconciler = Reconciler(
-                engine, store, settings, stop=stop, observers=observers, background=not once
+                engine,
+                store,
+                settings,
+                stop=stop,
+                observers=_observers(args, once),
+                background=not once,
             )
             report = reconciler.run(once=once)
             if args.command == "plan" and args.json:
@@ -414,33 +230,31 @@ def _run_cycle(args: argparse.Namespace) -> int:
             elif args.command == "reconcile" and args.json:
                 print(json.dumps(asdict(report), indent=2, sort_keys=True))
             else:
-                _print_report(report, store.hosts(), diffs=args.command == "plan")
+                show.print_report(report, store.hosts(), diffs=args.command == "plan")
             return _exit_for(report, store.hosts(), settings)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
 
+def _observers(args: argparse.Namespace, once: bool) -> list[Observer]:
+    """Log lines always; Prometheus metrics for reconcile where a port is given (by
+    default in loop mode)."""
+    observers: list[Observer] = [LogObserver()]
+    if args.command == "reconcile":
+        port = args.metrics_port if args.metrics_port is not None else (0 if once else 9842)
+        if port:
+            from runner.metrics import Metrics
+
+            metrics = Metrics()
+            metrics.serve(args.metrics_address, port)
+            log.info("metrics on http://%s:%d/metrics", args.metrics_address, port)
+            observers.append(metrics)
+    return observers
+
+
 def _progress(host: str, text: str) -> None:
     log.info("  %s: %s", host, text)
-
-
-_UNWELL = (
-    HostStatus.FAILED,
-    HostStatus.REFUSED,
-    HostStatus.UNREACHABLE,
-    HostStatus.REBOOT_REQUIRED,
-)
-
-
-def _unwell(record: HostRecord) -> bool:
-    """Whether the host is not where it should be, for the exit code."""
-    return (
-        record.quarantined
-        or record.status in _UNWELL
-        or record.rollout_phase == "halted"
-        or record.rollout_reason.startswith("drain blocked")
-    )
 
 
 def _exit_for(report: CycleReport, hosts: dict[str, HostRecord], settings: Settings) -> int:
@@ -448,7 +262,7 @@ def _exit_for(report: CycleReport, hosts: dict[str, HostRecord], settings: Setti
         return Exit.INTERRUPTED
     # Hosts this cycle acted on or skipped (backing off, quarantined) count alike:
     # the exit code says whether the fleet is where it should be.
-    if any(_unwell(r) for name, r in hosts.items() if name in report.outcomes):
+    if any(show.unwell(r) for name, r in hosts.items() if name in report.outcomes):
         return Exit.FAILED
     if report.cluster_failed:
         return Exit.FAILED
@@ -456,79 +270,6 @@ def _exit_for(report: CycleReport, hosts: dict[str, HostRecord], settings: Setti
     if settings.check_only and (pending or report.cluster_pending):
         return Exit.PENDING
     return Exit.OK
-
-
-def _print_report(report: CycleReport, hosts: dict[str, HostRecord], diffs: bool) -> None:
-    took = report.finished - report.started
-    print(
-        f"cycle: {report.probed} probed, {report.planned} planned, {report.applied} applied "
-        f"in {took:.1f} s" + (" (interrupted)" if report.interrupted else "")
-    )
-    for host, outcome in sorted(report.outcomes.items()):
-        record = hosts.get(host)
-        parts = [outcome.action]
-        if outcome.reasons:
-            parts.append("because " + ", ".join(outcome.reasons))
-        if outcome.corrective:
-            parts.append("repaired " + ", ".join(outcome.corrective))
-        if outcome.intentional:
-            parts.append("changed as desired " + ", ".join(outcome.intentional))
-        if outcome.pending and outcome.action == "planned":
-            parts.append("would change " + ", ".join(outcome.pending))
-            if outcome.disruptive:
-                parts.append("disruptive: rolled out in batches")
-        if outcome.message:
-            parts.append(outcome.message)
-        if record is not None:
-            parts.append(f"now {record.status}")
-        print(f"  {host}: " + "; ".join(parts))
-        if diffs:
-            for component, texts in sorted(outcome.diffs.items()):
-                for text in texts:
-                    print(f"    [{component}] " + text.replace("\n", "\n      "))
-    if report.cluster:
-        print(f"  cluster side: {report.cluster}")
-    for pool, text in sorted(report.rollouts.items()):
-        print(f"  rollout of pool {pool}: {text}")
-
-
-def _age(now: float, then: float | None) -> str:
-    if then is None:
-        return "never"
-    seconds = max(0, int(now - then))
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds // size}{unit} ago"
-    return f"{seconds}s ago"
-
-
-def _host_line(record: HostRecord) -> str:
-    where = record.failed_stage or ""
-    why = record.reason if record.reason.startswith(f"{where}:") else f"{where}: {record.reason}"
-    if record.quarantined:
-        return f"quarantined ({why}); once fixed: runner release {record.name}"
-    if record.status in _UNWELL:
-        return f"{record.status} ({why})"
-    if record.status == HostStatus.DRIFTED and record.drift:
-        return "drifted (" + ", ".join(sorted({d["component"] for d in record.drift})) + ")"
-    if record.rollout_phase:
-        reason = f": {record.rollout_reason}" if record.rollout_reason else ""
-        return f"{record.status}; rollout {record.rollout_phase}{reason}"
-    if any(s == "pre-installed" for s in record.stages.values()):
-        pre = [k for k, v in record.stages.items() if v == "pre-installed"]
-        return f"{record.status} (pre-installed: {', '.join(pre)})"
-    return record.status
-
-
-def _stage_text(record: HostRecord, stage: str) -> str:
-    """`stage=status`; the MIG stage names the layout it keeps (mig=ready:all-balanced),
-    the Slurm stage the node's state in Slurm (slurm_gres=ready:IDLE)."""
-    text = f"{stage}={record.stages[stage]}"
-    if stage == "mig" and record.mig_layout:
-        return f"{text}:{record.mig_layout}"
-    if stage == "slurm_gres" and record.slurm_state:
-        return f"{text}:{record.slurm_state}"
-    return text
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -545,51 +286,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([asdict(r) for r in hosts.values()], indent=2))
         return Exit.OK
-    now = time.time()
-    width = max([len(h) for h in hosts] + [4])
-    print(f"{'HOST':<{width}}  {'STATE':<44} {'RECONCILED':<11} CHANGED     STAGES")
-    for name, record in hosts.items():
-        stages = " ".join(_stage_text(record, s) for s in STAGES if s in record.stages)
-        print(
-            f"{name:<{width}}  {_host_line(record):<44} {_age(now, record.last_reconcile):<11} "
-            f"{_age(now, record.last_change):<11} {stages}"
-        )
-    if cluster.status != "unknown":
-        print(f"cluster side: {_cluster_line(cluster)}, applied {_age(now, cluster.last_apply)}")
-    for pool, rollout in rollouts.items():
-        print(_rollout_line(pool, rollout, hosts, now))
-    unwell = any(_unwell(r) for r in hosts.values()) or cluster.status == "failed"
+    show.print_status(hosts, cluster, rollouts, time.time())
+    unwell = any(show.unwell(r) for r in hosts.values()) or cluster.status == ClusterStatus.FAILED
     return Exit.FAILED if unwell else Exit.OK
-
-
-def _rollout_line(
-    pool: str, rollout: RolloutRecord, hosts: dict[str, HostRecord], now: float
-) -> str:
-    """A pool's rollout: done, in flight (with phases), queued, halted (with why)."""
-    members = {h: r for h, r in hosts.items() if r.rollout_pool == pool and r.rollout_phase}
-    flight = [f"{h} {r.rollout_phase}" for h, r in members.items() if r.rollout_phase in IN_FLIGHT]
-    queued = [h for h, r in members.items() if r.rollout_phase == "queued"]
-    halted = [
-        f"{h} ({r.rollout_reason})" for h, r in members.items() if r.rollout_phase == "halted"
-    ]
-    if rollout.finished is not None:
-        when = f"finished {_age(now, rollout.finished)}"
-    else:
-        when = f"started {_age(now, rollout.started)}"
-    parts = [f"{len(rollout.done)} done"]
-    for label, items in (("in flight", flight), ("queued", queued), ("halted", halted)):
-        if items:
-            parts.append(f"{label} {len(items)}: {', '.join(items)}")
-    return f"rollout of pool {pool} ({when}): " + "; ".join(parts)
-
-
-def _cluster_line(cluster: ClusterRecord) -> str:
-    if cluster.status == "failed":
-        owed = f"; owes the labels of {', '.join(cluster.owed_hosts)}" if cluster.owed_hosts else ""
-        return f"failed ({cluster.reason}){owed}"
-    if cluster.status == "drifted":
-        return "drifted (" + ", ".join(f"{d['kind']} {d['name']}" for d in cluster.drift) + ")"
-    return cluster.status
 
 
 def cmd_history(args: argparse.Namespace) -> int:

@@ -12,10 +12,11 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from runner.cycle import Action, CycleReport
 from runner.engine import STAGES
-from runner.reconcile import CycleReport, Observer
+from runner.observe import HostUpdated, Observer
 from runner.rollout import PHASES
-from runner.state import HostRecord, HostStatus
+from runner.state import HostStatus
 
 # The GPU Operator's node status exporter (its nvidia-validator `metrics` command) sets
 # these per node, 1 when the stage's barrier is open: here 1 when the host's stages
@@ -98,13 +99,13 @@ class Metrics(Observer):
         self.quarantines.inc()
 
     def cycle_finished(self, report: CycleReport) -> None:
-        failed = any(o.action == "failed" for o in report.outcomes.values())
+        failed = any(o.action == Action.FAILED for o in report.outcomes.values())
         self.cycles.labels(
             "interrupted" if report.interrupted else "failed" if failed else "ok"
         ).inc()
         self.duration.observe(report.finished - report.started)
 
-    def host_updated(self, record: HostRecord) -> None:
+    def host_updated(self, record: HostUpdated) -> None:
         for status in HostStatus:
             self.host_status.labels(record.name, status).set(int(record.status == status))
         self.quarantined.labels(record.name).set(int(record.quarantined))

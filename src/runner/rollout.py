@@ -14,16 +14,38 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
+from enum import StrEnum
 from typing import Any
 
 POOL_VARIABLE = "gpufleet_rollout_pool"
 DEFAULT_POOL = "all"
-# Phases of a host in a rollout: queued, then out of service for its change (in
-# flight: cordoned, drained, its change applying, applied), or halted. The ones in
-# UNAVAILABLE count against the pool's max_unavailable.
-IN_FLIGHT = ("cordoned", "drained", "applying", "applied")
-UNAVAILABLE = (*IN_FLIGHT, "halted")
-PHASES = ("queued", *UNAVAILABLE)
+
+
+class RolloutPhase(StrEnum):
+    """A host's phase in a rollout: queued, then out of service for its change (in
+    flight: cordoned, drained, its change applying, applied), or halted until an
+    operator releases it. The values are those stored and printed."""
+
+    QUEUED = "queued"
+    CORDONED = "cordoned"
+    DRAINED = "drained"
+    APPLYING = "applying"
+    APPLIED = "applied"
+    HALTED = "halted"
+
+
+IN_FLIGHT = (
+    RolloutPhase.CORDONED,
+    RolloutPhase.DRAINED,
+    RolloutPhase.APPLYING,
+    RolloutPhase.APPLIED,
+)
+# The phases that count against the pool's max_unavailable.
+UNAVAILABLE = (*IN_FLIGHT, RolloutPhase.HALTED)
+PHASES = (RolloutPhase.QUEUED, *UNAVAILABLE)
+# A host whose change is still on its way (a halted one waits for a release, which
+# plans it again).
+ROLLING = (RolloutPhase.QUEUED, *IN_FLIGHT)
 
 
 class PolicyError(Exception):

@@ -26,7 +26,9 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 5
+from runner.rollout import RolloutPhase
+
+SCHEMA_VERSION = 6
 DATABASE_NAME = "state.db"
 DEFAULT_HISTORY_LIMIT = 5000
 
@@ -98,8 +100,15 @@ ALTER TABLE hosts ADD COLUMN slurm_state TEXT NOT NULL DEFAULT '';
 ALTER TABLE hosts ADD COLUMN slurm_drained TEXT NOT NULL DEFAULT '';
 ALTER TABLE hosts ADD COLUMN slurm_drain_started REAL;
 """
+# Schema 6: an administrator's Slurm drain in a field of its own (it was kept as
+# slurm_drained = 'admin: <reason>').
+_SCHEMA_6 = """
+ALTER TABLE hosts ADD COLUMN slurm_admin_reason TEXT NOT NULL DEFAULT '';
+UPDATE hosts SET slurm_admin_reason = substr(slurm_drained, 8), slurm_drained = 'admin'
+    WHERE slurm_drained LIKE 'admin: %';
+"""
 # From schema N to N + 1; a new database runs all of them after _SCHEMA.
-_MIGRATIONS = {1: _SCHEMA_2, 2: _SCHEMA_3, 3: _SCHEMA_4, 4: _SCHEMA_5}
+_MIGRATIONS = {1: _SCHEMA_2, 2: _SCHEMA_3, 3: _SCHEMA_4, 4: _SCHEMA_5, 5: _SCHEMA_6}
 
 
 class StateError(Exception):
@@ -125,6 +134,34 @@ class HostStatus(StrEnum):
     PENDING = "pending"
 
 
+class SlurmDrain(StrEnum):
+    """Who has a node in a rollout drained in Slurm."""
+
+    NONE = ""  # not a Slurm node, or not drained yet
+    GPUFLEET = "gpufleet"  # resumed after its change
+    ADMIN = "admin"  # an administrator's drain, left as it is (slurm_admin_reason says why)
+
+
+class ClusterStatus(StrEnum):
+    UNKNOWN = "unknown"  # never applied
+    CONVERGED = "converged"
+    DRIFTED = "drifted"
+    FAILED = "failed"
+
+
+class HistoryKind(StrEnum):
+    """What a history entry tells of."""
+
+    CORRECTIVE = "corrective"  # drift repaired
+    INTENTIONAL = "intentional"  # changed because the desired state did
+    DRIFT = "drift"
+    FAILURE = "failure"
+    UNREACHABLE = "unreachable"
+    QUARANTINE = "quarantine"
+    RELEASE = "release"
+    ROLLOUT = "rollout"
+
+
 @dataclass
 class HostRecord:
     """What the runner knows about one host."""
@@ -146,8 +183,8 @@ class HostRecord:
     consecutive_failures: int = 0
     next_attempt: float | None = None
     quarantined: bool = False
-    # Disruptive rollout: None, or queued | cordoned | drained | applied | halted.
-    rollout_phase: str | None = None
+    # Disruptive rollout: None, or the host's phase in its pool's rollout.
+    rollout_phase: RolloutPhase | None = None
     rollout_reason: str = ""
     # The pool whose rollout the host is in, and the desired state its change was
     # planned for (the host is planned again only when that changes).
@@ -162,19 +199,18 @@ class HostRecord:
     # The node's state in Slurm (IDLE, MIXED, DRAIN, ...) as the slurm_gres stage of the
     # last run that reached it read it; '' where gpufleet does not manage Slurm's GRES.
     slurm_state: str = ""
-    # In a rollout, who has the node drained in Slurm: "gpufleet" (resumed after its
-    # change), "admin: <reason>" (left drained), or "" (not a Slurm node, or not yet);
-    # and when gpufleet began waiting for its jobs.
-    slurm_drained: str = ""
+    # In a rollout, who has the node drained in Slurm (gpufleet resumes only its own
+    # drain) and when gpufleet began waiting for its jobs; an administrator's reason.
+    slurm_drained: SlurmDrain = SlurmDrain.NONE
     slurm_drain_started: float | None = None
+    slurm_admin_reason: str = ""
 
 
 @dataclass
 class ClusterRecord:
     """What the runner knows about the cluster side."""
 
-    # unknown (never applied) | converged | drifted | failed
-    status: str = "unknown"
+    status: ClusterStatus = ClusterStatus.UNKNOWN
     reason: str = ""
     # The last cluster probe's differences: [{component, kind, name, host, ...}].
     drift: list[dict[str, Any]] = field(default_factory=list)
@@ -207,8 +243,7 @@ CLUSTER_SUBJECT = "(cluster)"
 class HistoryEntry:
     at: float
     host: str
-    # corrective | intentional | drift | failure | unreachable | quarantine | release
-    # | rollout
+    # A HistoryKind (stored and read back as its value).
     kind: str
     component: str
     summary: str
@@ -224,6 +259,9 @@ def _row_to_host(row: sqlite3.Row) -> HostRecord:
     values["quarantined"] = bool(values["quarantined"])
     values["keep_cordoned"] = bool(values["keep_cordoned"])
     values["status"] = HostStatus(values["status"])
+    values["slurm_drained"] = SlurmDrain(values["slurm_drained"])
+    if values["rollout_phase"] is not None:
+        values["rollout_phase"] = RolloutPhase(values["rollout_phase"])
     return HostRecord(**values)
 
 
@@ -366,6 +404,7 @@ class StateStore:
         for key in ("drift", "owed_hosts"):
             values[key] = json.loads(values[key])
         values["owed_objects"] = bool(values["owed_objects"])
+        values["status"] = ClusterStatus(values["status"])
         return ClusterRecord(**values)
 
     def save_cluster(self, record: ClusterRecord, events: Sequence[HistoryEntry] = ()) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from runner import __version__, cli
+from runner import __version__, cli, show
 from runner.lock import InventoryLock
 from runner.reconcile import CycleReport, HostOutcome
 from runner.state import HistoryEntry, HostRecord, RolloutRecord, StateStore, state_dir_for
@@ -352,7 +352,7 @@ def test_a_plan_marks_a_disruptive_change_and_shows_its_diffs(capsys):
         diffs={"driver": ["Predict the replacement\nwould replace driver 535.309.01"]},
     )
     report = CycleReport(started=0.0, finished=80.0, outcomes={"gpu-a": outcome}, planned=1)
-    cli._print_report(report, {"gpu-a": HostRecord("gpu-a", status="drifted")}, diffs=True)
+    show.print_report(report, {"gpu-a": HostRecord("gpu-a", status="drifted")}, diffs=True)
     assert capsys.readouterr().out.splitlines()[1:] == [
         "  gpu-a: planned; because desired state changed; would change driver; "
         "disruptive: rolled out in batches; now drifted",

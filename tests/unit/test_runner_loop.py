@@ -27,8 +27,8 @@ from runner.reconcile import (
     Reconciler,
     Settings,
     Stop,
-    _drift_summary,
     backoff_delay,
+    drift_summary,
     release,
 )
 from runner.rollout import PolicyError
@@ -291,7 +291,7 @@ def drift(component: str = "runtime_config") -> list[dict[str, Any]]:
     ],
 )
 def test_a_drift_summary_names_what_changed(item: dict[str, Any], summary: str) -> None:
-    assert _drift_summary(item) == summary
+    assert drift_summary(item) == summary
 
 
 @pytest.fixture
@@ -865,6 +865,7 @@ def test_node_ready_gauges_count_only_the_stages_that_are_on() -> None:
     from prometheus_client import generate_latest
 
     from runner.metrics import Metrics
+    from runner.observe import HostUpdated
     from runner.state import HostRecord, HostStatus
 
     metrics = Metrics()
@@ -872,14 +873,18 @@ def test_node_ready_gauges_count_only_the_stages_that_are_on() -> None:
         "runtime_config": "disabled",
         "device_plugin": "disabled",
     }
-    metrics.host_updated(HostRecord("a", status=HostStatus.CONVERGED, stages=stages))
-    failed = stages | {"toolkit": "failed"}
-    metrics.host_updated(HostRecord("b", status=HostStatus.FAILED, stages=failed))
     metrics.host_updated(
-        HostRecord(
-            "c",
-            status=HostStatus.NOT_A_GPU_NODE,
-            stages=dict.fromkeys(STAGES, "not-a-gpu-node"),
+        HostUpdated.of(HostRecord("a", status=HostStatus.CONVERGED, stages=stages))
+    )
+    failed = stages | {"toolkit": "failed"}
+    metrics.host_updated(HostUpdated.of(HostRecord("b", status=HostStatus.FAILED, stages=failed)))
+    metrics.host_updated(
+        HostUpdated.of(
+            HostRecord(
+                "c",
+                status=HostStatus.NOT_A_GPU_NODE,
+                stages=dict.fromkeys(STAGES, "not-a-gpu-node"),
+            )
         )
     )
     text = generate_latest(metrics.registry).decode()
@@ -1492,7 +1497,8 @@ def test_a_node_an_administrator_resumes_while_jobs_run_is_gpufleets_to_resume(
     upgrade_driver(engine, "a")
     slurm_node(engine, "a", jobs=["5"], drained="disk check")
     reconciler.cycle()
-    assert store.host("a").slurm_drained == "admin: disk check"
+    record = store.host("a")
+    assert (record.slurm_drained, record.slurm_admin_reason) == ("admin", "disk check")
     del engine.slurm_drained["a"]  # the administrator resumes it; the job still runs
     reconciler.cycle()
     assert engine.slurm_drained["a"].startswith("gpufleet: "), "drained again, by gpufleet"

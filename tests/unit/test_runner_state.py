@@ -12,6 +12,8 @@ from runner.state import (
     _SCHEMA,
     _SCHEMA_2,
     _SCHEMA_3,
+    _SCHEMA_4,
+    _SCHEMA_5,
     SCHEMA_VERSION,
     ClusterRecord,
     HistoryEntry,
@@ -123,3 +125,20 @@ def test_each_inventory_has_its_own_directory(tmp_path: Path) -> None:
     two = state_dir_for(tmp_path, "/srv/site-b/hosts.yml")
     assert one != two
     assert one.name.startswith("hosts.yml-")
+
+
+def test_an_administrators_slurm_drain_under_schema_5_gets_its_own_field(tmp_path: Path) -> None:
+    db = sqlite3.connect(tmp_path / "state.db")
+    db.executescript(_SCHEMA + _SCHEMA_2 + _SCHEMA_3 + _SCHEMA_4 + _SCHEMA_5)
+    for name, drained in (("a", "admin: disk check"), ("b", "gpufleet"), ("c", "")):
+        db.execute(
+            "INSERT INTO hosts (name, status, rollout_phase, rollout_pool, slurm_drained) "
+            "VALUES (?, 'drifted', 'drained', 'all', ?)",
+            (name, drained),
+        )
+    db.execute("PRAGMA user_version = 5")
+    db.commit()
+    db.close()
+    with StateStore(tmp_path) as store:
+        found = {h: (r.slurm_drained, r.slurm_admin_reason) for h, r in store.hosts().items()}
+    assert found == {"a": ("admin", "disk check"), "b": ("gpufleet", ""), "c": ("", "")}

@@ -1,0 +1,207 @@
+"""The command line's arguments: `build_parser()` and the exit codes' help text."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+from runner import __version__
+from runner.engine import STAGES
+
+EXIT_TEXT = """exit codes: 0 done (fleet converged, or nothing to do); 1 a host failed, is
+unreachable, quarantined or waiting for a reboot, or a rollout halted; 2 bad
+arguments or inventory
+(nothing touched); 3 another reconciler holds the inventory's lock; 4 the state
+database is unusable; 5 (plan, reconcile --check) changes are pending; 130
+stopped by a signal after the current batch."""
+
+
+def _default_state_dir() -> Path:
+    if os.environ.get("GPUFLEET_STATE_DIR"):
+        return Path(os.environ["GPUFLEET_STATE_DIR"])
+    if os.geteuid() == 0:
+        return Path("/var/lib/gpufleet-runner")
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "gpufleet"
+
+
+def _positive(kind: type, minimum: float) -> Any:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected at least {minimum}, got {text}")
+        return value
+
+    return parse
+
+
+def _components(text: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    unknown = [n for n in names if n not in STAGES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown component {', '.join(unknown) or repr(text)}; expected a comma-separated "
+            f"list of {', '.join(STAGES)}"
+        )
+    return names
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m runner",
+        description="Keep a fleet of NVIDIA GPU nodes converged.",
+        epilog=EXIT_TEXT,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"gpufleet runner {__version__}")
+    common, acting = _common(), _acting()
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    _reconcile(
+        sub.add_parser(
+            "reconcile", parents=[common, acting], help="keep the fleet converged", epilog=EXIT_TEXT
+        )
+    )
+    _others(sub, common, acting)
+    return parser
+
+
+def _common() -> argparse.ArgumentParser:
+    """Options of every command."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "-i",
+        "--inventory",
+        default=os.environ.get("GPUFLEET_INVENTORY"),
+        help="Ansible inventory (file or directory; default $GPUFLEET_INVENTORY)",
+    )
+    common.add_argument(
+        "--state-dir",
+        type=Path,
+        default=_default_state_dir(),
+        help="where state lives, one database per inventory (default %(default)s)",
+    )
+    common.add_argument(
+        "--log-format", choices=("text", "json"), default="text", help="log lines on stderr"
+    )
+    common.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    common.add_argument(
+        "--local",
+        action="store_true",
+        help="pull mode: this node only (reconciled over a local connection)",
+    )
+    common.add_argument(
+        "--node-name",
+        default=socket.gethostname(),
+        help="with --local: this node's inventory name (default %(default)s)",
+    )
+    return common
+
+
+def _acting() -> argparse.ArgumentParser:
+    """Options of the commands that run Ansible (reconcile, plan)."""
+    acting = argparse.ArgumentParser(add_help=False)
+    acting.add_argument("-l", "--limit", help="Ansible host pattern: only these hosts")
+    acting.add_argument(
+        "--components",
+        type=_components,
+        default=(),
+        help=f"act only on drift in / changes to these ({', '.join(STAGES)}); an apply "
+        "still runs every stage on the host, since stages build on each other",
+    )
+    acting.add_argument(
+        "--rebuild-state",
+        action="store_true",
+        help="move an unreadable state database aside and start a new one",
+    )
+    acting.add_argument(
+        "--keep-runs",
+        type=_positive(int, 1),
+        default=10,
+        help="Ansible run artifacts kept (default %(default)s)",
+    )
+    acting.add_argument(
+        "--forks",
+        type=_positive(int, 1),
+        default=None,
+        help="parallel Ansible connections (default: the inventory's "
+        "gpufleet_reconcile_forks, else one per host up to 10 per CPU)",
+    )
+    acting.add_argument(
+        "--full-check-interval",
+        type=_positive(float, 60),
+        default=86400.0,
+        help="plan every host once per this many seconds, each at its own offset in "
+        "it (default %(default)s)",
+    )
+    return acting
+
+
+def _reconcile(rec: argparse.ArgumentParser) -> None:
+    when = rec.add_mutually_exclusive_group()
+    when.add_argument("--once", action="store_true", help="one cycle, then exit")
+    when.add_argument(
+        "--interval",
+        type=_positive(float, 1),
+        default=300.0,
+        help="seconds between cycles, jittered by 10%% (default %(default)s)",
+    )
+    rec.add_argument("--check", action="store_true", help="probe and plan only; apply nothing")
+    rec.add_argument(
+        "--json", action="store_true", help="with --once: print the cycle's report as JSON"
+    )
+    rec.add_argument(
+        "--max-parallel",
+        type=_positive(int, 1),
+        default=1,
+        help="hosts per rollout batch, for pools whose inventory sets no "
+        "gpufleet_rollout_max_parallel (default %(default)s)",
+    )
+    rec.add_argument(
+        "--max-unavailable",
+        type=_positive(int, 1),
+        default=1,
+        help="hosts of a pool out of service at once, where the inventory sets no "
+        "gpufleet_rollout_max_unavailable (default %(default)s)",
+    )
+    rec.add_argument("--quarantine-after", type=_positive(int, 1), default=5)
+    rec.add_argument("--backoff-base", type=_positive(float, 1), default=60.0)
+    rec.add_argument("--backoff-cap", type=_positive(float, 1), default=3600.0)
+    rec.add_argument("--metrics-address", default="127.0.0.1", help="Prometheus endpoint address")
+    rec.add_argument(
+        "--metrics-port",
+        type=_positive(int, 0),
+        default=None,
+        help="serve Prometheus metrics on this port (default: 9842 in loop mode, none "
+        "with --once; 0 turns it off)",
+    )
+
+
+def _others(sub: Any, common: argparse.ArgumentParser, acting: argparse.ArgumentParser) -> None:
+    """plan, status, history, release."""
+    plan = sub.add_parser(
+        "plan", parents=[common, acting], help="what would change, with diffs", epilog=EXIT_TEXT
+    )
+    plan.add_argument(
+        "--all", action="store_true", help="plan every host, not only those the probe flags"
+    )
+    plan.add_argument("--json", action="store_true", help="machine-readable output")
+
+    status = sub.add_parser("status", parents=[common], help="hosts x stages")
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+
+    hist = sub.add_parser("history", parents=[common], help="what happened")
+    hist.add_argument("--host", help="only this host")
+    hist.add_argument("-n", type=_positive(int, 1), default=50, help="entries (default 50)")
+    hist.add_argument("--kind", action="append", default=[], help="only entries of this kind")
+    hist.add_argument("--json", action="store_true", help="machine-readable output")
+
+    rel = sub.add_parser(
+        "release", parents=[common], help="clear a host's quarantine or halted rollout"
+    )
+    rel.add_argument("hosts", nargs="+", metavar="HOST")

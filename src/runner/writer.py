@@ -1,0 +1,222 @@
+"""The one writer of the reconciler's state.
+
+Every write to the state database goes through `Writer` (a unit test fails when
+another module calls a StateStore write method), and the observers hear of each one
+after it was stored, as an immutable `HostUpdated`. A phase decides (runner.decide),
+sets what changes on the cycle's in-memory records, and hands them here to store.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from runner.decide import Failure, drift_summary
+from runner.engine import STAGES, HostRun
+from runner.observe import HostUpdated, Observers
+from runner.rollout import RolloutPhase
+from runner.state import (
+    CLUSTER_SUBJECT,
+    ClusterRecord,
+    HistoryEntry,
+    HistoryKind,
+    HostRecord,
+    HostStatus,
+    RolloutRecord,
+    SlurmDrain,
+    StateStore,
+)
+
+log = logging.getLogger("runner")
+
+
+class Writer:
+    def __init__(
+        self,
+        store: StateStore,
+        clock: Callable[[], float] = time.time,
+        observe: Observers | None = None,
+    ) -> None:
+        self.store = store
+        self.clock = clock
+        self.observe = observe or Observers()
+
+    def _entry(self, host: str, kind: HistoryKind, component: str, summary: str) -> HistoryEntry:
+        return HistoryEntry(self.clock(), host, kind, component, summary)
+
+    # -- hosts -------------------------------------------------------------------
+
+    def save(
+        self,
+        record: HostRecord,
+        events: Sequence[HistoryEntry] = (),
+        status: HostStatus | None = None,
+    ) -> None:
+        """Store a host's record (with `status`, when given) and tell the observers."""
+        if status is not None:
+            record.status = status
+        self.store.save(record, events)
+        self.observe.host_updated(HostUpdated.of(record))
+
+    def seen(self, record: HostRecord) -> None:
+        """Tell the observers of a host this cycle left as it stands (nothing stored)."""
+        self.observe.host_updated(HostUpdated.of(record))
+
+    def forget_missing(self, names: Sequence[str]) -> list[str]:
+        gone = self.store.forget_missing(names)
+        for host in gone:
+            log.info("%s: no longer in the inventory; forgotten", host)
+            self.observe.host_forgotten(host)
+        return gone
+
+    def drift(self, host: str, items: Sequence[Mapping[str, Any]], component: str = "") -> None:
+        """History entries for drift the probe found (for `host`; `component` overrides
+        each item's, as for the cluster side)."""
+        events = [
+            self._entry(
+                host, HistoryKind.DRIFT, component or item["component"], drift_summary(item)
+            )
+            for item in items
+        ]
+        self.store.record(events)
+        for item in items:
+            self.observe.drift_found(item)
+
+    def refused(self, record: HostRecord, reason: str, status: HostStatus) -> None:
+        """The inventory is wrong, not the node: no backoff, no quarantine; said once."""
+        events = []
+        if (record.status, record.reason) != (HostStatus.REFUSED, reason):
+            events.append(self._entry(record.name, HistoryKind.FAILURE, "settings", reason))
+            log.warning("%s: settings refused, the node is left alone: %s", record.name, reason)
+        record.failed_stage, record.reason = "settings", reason
+        self.save(record, events, status=status)
+
+    def failed(self, record: HostRecord, failure: Failure) -> None:
+        now = self.clock()
+        record.consecutive_failures = failure.consecutive
+        record.last_reconcile = now
+        record.failed_stage, record.reason = failure.stage, failure.reason
+        record.next_attempt = now + failure.delay
+        events = [self._entry(record.name, HistoryKind.FAILURE, failure.stage, failure.reason)]
+        if failure.quarantine:
+            record.quarantined = True
+            events.append(
+                self._entry(
+                    record.name,
+                    HistoryKind.QUARANTINE,
+                    failure.stage,
+                    f"after {failure.consecutive} consecutive failures, the last: "
+                    f"{failure.reason}; once it is fixed: python -m runner release {record.name}",
+                )
+            )
+        self.save(record, events, status=failure.status)
+        if failure.quarantine:
+            self.observe.host_quarantined(record.name)
+
+    def changed(
+        self, record: HostRecord, changes: Sequence[tuple[str, str, str]], status: HostStatus
+    ) -> None:
+        """Store a host an apply reached, with what it changed: (component, corrective
+        or intentional, summary) each."""
+        events = [
+            self._entry(record.name, HistoryKind(kind), component, summary)
+            for component, kind, summary in changes
+        ]
+        self.save(record, events, status=status)
+        for component, kind, _summary in changes:
+            self.observe.component_changed(record.name, component, kind)
+
+    # -- rollout phases ------------------------------------------------------------
+
+    def phase(self, record: HostRecord, phase: RolloutPhase | None, summary: str) -> None:
+        record.rollout_phase = phase
+        if phase != RolloutPhase.HALTED:
+            record.rollout_reason = ""
+        event = self._entry(record.name, HistoryKind.ROLLOUT, phase or "done", summary)
+        self.save(record, [event])
+
+    def halt(self, record: HostRecord, reason: str) -> None:
+        record.rollout_reason = reason
+        record.rollout_phase = RolloutPhase.HALTED
+        self.save(record, [self._entry(record.name, HistoryKind.ROLLOUT, "halted", reason)])
+
+    def drain_blocked(self, record: HostRecord, reason: str) -> None:
+        record.rollout_reason = f"drain blocked: {reason}"
+        self.save(record, [self._entry(record.name, HistoryKind.ROLLOUT, "drain-blocked", reason)])
+
+    def rollout(self, record: RolloutRecord) -> None:
+        self.store.save_rollout(record)
+
+    # -- the cluster side ---------------------------------------------------------
+
+    def cluster(
+        self,
+        record: ClusterRecord,
+        events: Sequence[HistoryEntry] = (),
+        found: Sequence[Mapping[str, Any]] = (),
+    ) -> None:
+        """Store the cluster side's record; `found`: the drift its probe found."""
+        self.store.save_cluster(record, events)
+        for item in found:
+            self.observe.drift_found(item)
+
+    def cluster_entry(self, kind: HistoryKind, summary: str, host: str = "") -> HistoryEntry:
+        """A history entry of the cluster side (of `host`'s Node labels, when given)."""
+        return self._entry(host or CLUSTER_SUBJECT, kind, "cluster", summary)
+
+    # -- the operator's release -----------------------------------------------------
+
+    def release(self, host: str) -> HostRecord:
+        """Clear a host's quarantine, backoff and halted rollout."""
+        record = self.store.host(host)
+        record.quarantined = False
+        record.consecutive_failures = 0
+        record.next_attempt = None
+        if record.rollout_phase == RolloutPhase.HALTED:
+            # Back to the start: the next cycle plans it again and, if the change is
+            # still disruptive, cordons (a no-op when still cordoned) and drains it.
+            record.rollout_phase = RolloutPhase.QUEUED
+            record.rollout_reason = ""
+            record.rollout_target = None
+            # The wait for its Slurm jobs starts again (it stays drained meanwhile).
+            record.slurm_drain_started = None
+        self.store.save(
+            record, [self._entry(host, HistoryKind.RELEASE, "", "released by operator")]
+        )
+        return record
+
+
+def release(store: StateStore, host: str, clock: Callable[[], float] = time.time) -> HostRecord:
+    """Clear a host's quarantine, backoff and halted rollout (an operator's command)."""
+    return Writer(store, clock).release(host)
+
+
+# -- what a run or a finished rollout does to a record (in memory) -------------------
+
+
+def settle(record: HostRecord, desired: str) -> None:
+    """The host reached `desired`: no drift, no failure count, no backoff."""
+    record.desired_hash = desired
+    record.drift = []
+    record.consecutive_failures = 0
+    record.next_attempt = None
+    record.failed_stage = None
+    record.reason = ""
+
+
+def take_stages(record: HostRecord, run: HostRun) -> None:
+    """What a run that reached the host found of its stages, MIG layout and Slurm state."""
+    if run.stages:
+        record.stages = {s: str(run.stages[s].get("status")) for s in STAGES if s in run.stages}
+        mig = run.stages.get("mig") or {}
+        record.mig_layout = str(mig.get("config") or "") if mig.get("status") == "ready" else ""
+        record.slurm_state = str((run.stages.get("slurm_gres") or {}).get("slurm_state") or "")
+
+
+def out_of_rollout(record: HostRecord) -> None:
+    """The host leaves its pool's rollout: its pool, target and Slurm drain are let go."""
+    record.rollout_pool, record.rollout_target = "", None
+    record.slurm_drained, record.slurm_drain_started = SlurmDrain.NONE, None
+    record.slurm_admin_reason = ""
