@@ -1,8 +1,13 @@
-"""The runner judges stage outcomes as the collection's gating does, and turns
-ansible-runner events into what a plan shows."""
+"""The runner judges stage outcomes as the collection's gating does, turns
+ansible-runner events into what a plan shows, and reads the inventory and the
+project as ansible-inventory and the files themselves say."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +26,7 @@ from runner.engine import (
     EventCollector,
     HostRun,
     default_forks,
+    desired_hash,
     inventory_forks,
     project_hash,
     stage_passed,
@@ -250,3 +256,211 @@ def test_the_project_hash_follows_what_runs_not_its_documentation(tmp_path: Path
     assert project_hash(tmp_path) == before
     tasks.write_text("- ansible.builtin.debug: {msg: two}\n")
     assert project_hash(tmp_path) != before
+
+
+def test_the_project_is_hashed_again_only_when_a_file_of_it_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    tasks = tmp_path / "roles" / "driver" / "tasks" / "main.yml"
+    tasks.parent.mkdir(parents=True)
+    tasks.write_text("- ansible.builtin.debug: {msg: one}\n")
+    (tmp_path / "site.yml").write_text("- import_playbook: playbooks/x.yml\n")
+    reads: list[Path] = []
+    read_bytes = Path.read_bytes
+
+    def counted(path: Path) -> bytes:
+        reads.append(path)
+        return read_bytes(path)
+
+    monkeypatch.setattr(Path, "read_bytes", counted)
+    engine = AnsibleEngine(tmp_path, "inventory.yml", tmp_path / "ansible")
+
+    def hashed() -> str:
+        reads.clear()
+        desired = engine.desired_hashes({"a": {"x": 1}})
+        return desired["a"]
+
+    first = hashed()
+    assert len(reads) == 2
+    assert first == desired_hash(project_hash(tmp_path), {"x": 1})
+    assert hashed() == first and reads == [], "an unchanged project is not read again"
+    tasks.write_text("- ansible.builtin.debug: {msg: two, more: 1}\n")
+    edited = hashed()
+    assert edited != first and reads, "an edited role is hashed again"
+    stat = tasks.stat()
+    tasks.write_text("- ansible.builtin.debug: {msg: six, more: 1}\n")  # the same size
+    os.utime(tasks, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    assert hashed() not in (first, edited)
+    same = hashed()
+    (tasks.parent / "extra.yml").write_text("- ansible.builtin.debug: {msg: x}\n")
+    assert hashed() != same, "a file added to a role counts"
+    (tasks.parent / "extra.yml").unlink()
+    assert hashed() == same and reads, "and so does its removal"
+
+
+# ansible-inventory --list against the engine's in-process reading, in a Python of
+# their own: Ansible keeps its configuration from its first import in a process (here
+# the engine's), and the tests before may have imported it in pytest's.
+_COMPARE = """
+import json, os, sys
+from pathlib import Path
+from runner import engine, inventory
+
+project, work, cases = Path(sys.argv[1]), Path(sys.argv[2]), json.loads(sys.argv[3])
+environ = dict(os.environ)
+in_process = inventory.ansible
+
+def read(case, how):
+    inventory.ansible = in_process if how == "in_process" else lambda *_: None
+    try:
+        hostvars = engine.AnsibleEngine(project, case["inventory"], work).inventory(case["limit"])
+        return {"hostvars": hostvars}
+    except engine.EngineError as error:
+        return {"error": str(error)}
+
+results = []
+for case in cases:
+    for path, text in case.get("write", {}).items():
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(text)
+    results.append({how: read(case, how) for how in ("in_process", "ansible_inventory")})
+env = engine.AnsibleEngine(project, "", work)._env()
+print(json.dumps({
+    "results": results,
+    "unusable": inventory._ANSIBLE.unusable(env, project),
+    "environ_kept": dict(os.environ) == environ,
+}))
+"""
+
+_HOSTS = """
+all:
+  vars: {site: lab}
+  hosts:
+    bare:
+  children:
+    gpu_nodes:
+      vars: {driver_branch: "550"}
+      children:
+        h100:
+          hosts:
+            n1: {ansible_host: 10.0.0.1, gpusim_profile: h100-sxm-8}
+            n2:
+        t4:
+          hosts:
+            n3:
+    login:
+      hosts:
+        l1: {ansible_user: admin}
+"""
+_SITE = {
+    "hosts.yml": _HOSTS,
+    # Through ansible-inventory's JSON: a date becomes a string, an integer key a
+    # string key, an !unsafe string a marked one.
+    "group_vars/all.yml": "ntp: [a, b]\nreleased: 2024-01-02\nby_id: {1: one}\n"
+    "raw: !unsafe '{{ not_templated }}'\n",
+    "group_vars/gpu_nodes/driver.yml": "driver_branch: '535'\ndriver_reboot_policy: never\n",
+    "group_vars/h100.yml": "driver_branch: '560'\nmig: {enabled: true}\n",
+    "host_vars/n2.yml": "mig: {enabled: false, layout: all-1g.10gb}\n",
+}
+
+
+def _vaulted(path: Path) -> bool:
+    files = [path] if path.is_file() else [f for f in path.rglob("*") if f.is_file()]
+    return any("$ANSIBLE_VAULT" in f.read_text() for f in files)
+
+
+# Name -> (inventory, --limit, files written before the read). TMP is a temporary
+# directory; the repository's inventories are named from the project, as -i would.
+_CASES: dict[str, tuple[str, str | None, dict[str, str]]] = {
+    **{
+        path.name: (str(path.relative_to(PROJECT)), None, {})
+        for path in sorted((PROJECT / "inventories").iterdir())
+        if not _vaulted(path)
+    },
+    "example-limited": ("inventories/example", "gpu_nodes:!hgx_h100", {}),
+    "sim-limited": ("inventories/sim", "sim-t4,sim-a100", {}),
+    "children-group-vars-host-vars": (
+        "TMP/site",
+        None,
+        {f"TMP/site/{n}": t for n, t in _SITE.items()},
+    ),
+    "limit-a-parent-group": ("TMP/site", "gpu_nodes", {}),
+    "limit-hosts-of-a-file": ("TMP/site/hosts.yml", "n2,l1", {}),
+    "limit-an-intersection": ("TMP/site", "h100:&gpu_nodes", {}),
+    "host-vars-added-since": ("TMP/site", None, {"TMP/site/host_vars/n3.yml": "x: 3\n"}),
+    "ini": ("TMP/hosts.ini", None, {"TMP/hosts.ini": "[gpu]\nn-a p=t4-1 f=3\n[gpu:vars]\ny=no\n"}),
+    "host-list": ("n5,n6,", None, {}),
+    "limit-matching-no-host": ("TMP/site", "no-such-host", {}),
+    "limit-from-a-missing-file": ("TMP/site", "@TMP/no-such-file", {}),
+    "unparsable": ("TMP/bad.yml", None, {"TMP/bad.yml": "all:\n  hosts: [unclosed\n"}),
+    "missing": ("TMP/missing.yml", None, {}),
+}
+
+
+@pytest.fixture(scope="module")
+def compared(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Each case read by the engine in process and with ansible-inventory, in that
+    order, in one Python (so later reads find Ansible imported and its caches warm)."""
+    tmp = str(tmp_path_factory.mktemp("inventories"))
+    cases = [
+        {
+            "inventory": inventory.replace("TMP", tmp),
+            "limit": limit and limit.replace("TMP", tmp),
+            "write": {path.replace("TMP", tmp): text for path, text in files.items()},
+        }
+        for inventory, limit, files in _CASES.values()
+    ]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(PROJECT / "src"), env.get("PYTHONPATH", "")])
+    done = subprocess.run(
+        [sys.executable, "-c", _COMPARE, str(PROJECT), f"{tmp}/work", json.dumps(cases)],
+        capture_output=True,
+        text=True,
+        cwd=tmp,  # not the project: the engine reads from the project, as the CLI did
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    run = json.loads(done.stdout)
+    return {**run, "results": dict(zip(_CASES, run["results"], strict=True))}
+
+
+def test_the_inventory_is_read_in_process_leaving_the_environment_as_it_was(compared):
+    assert compared["unusable"] == "", "the engine fell back to ansible-inventory"
+    assert compared["environ_kept"]
+
+
+@pytest.mark.parametrize("case", list(_CASES))
+def test_the_inventory_read_in_process_is_ansible_inventorys(compared, case: str):
+    """The same hosts with the same variables, even in JSON (and so the same desired
+    state hashes); the same errors, in Ansible's words rather than its output's."""
+    read = compared["results"][case]
+    ours, theirs = read["in_process"], read["ansible_inventory"]
+    if "error" in theirs:
+        assert ours["error"].split(": ")[0] == theirs["error"].split(": ")[0]
+        return
+    assert ours == theirs
+    assert json.dumps(ours) == json.dumps(theirs), "the same order too"
+
+
+def test_the_inventorys_variables_are_ansibles(compared):
+    hostvars = compared["results"]["host-vars-added-since"]["in_process"]["hostvars"]
+    assert list(hostvars) == ["bare", "l1", "n1", "n2", "n3"]
+    assert hostvars["n1"]["driver_branch"] == "560", "h100 is a child of gpu_nodes"
+    assert hostvars["n3"]["driver_branch"] == "535", "group_vars over the group's vars"
+    assert hostvars["n3"]["x"] == 3, "a host_vars file added between two reads"
+    assert hostvars["n2"]["mig"] == {"enabled": False, "layout": "all-1g.10gb"}
+    assert hostvars["bare"]["released"] == "2024-01-02"
+    assert hostvars["bare"]["by_id"] == {"1": "one"}
+    assert hostvars["bare"]["raw"] == {"__ansible_unsafe": "{{ not_templated }}"}
+    assert not {"inventory_hostname", "groups", "playbook_dir"} & set(hostvars["bare"])
+    limited = compared["results"]["limit-an-intersection"]["in_process"]["hostvars"]
+    assert list(limited) == ["n1", "n2"]
+
+
+def test_an_unreadable_inventory_is_an_error_in_ansibles_words(compared):
+    error = compared["results"]["unparsable"]["in_process"]["error"]
+    assert error.startswith("inventory ") and " cannot be read: No inventory was parsed" in error
+    assert "Failed to parse inventory with 'yaml' plugin: YAML parsing failed" in error
+    error = compared["results"]["limit-matching-no-host"]["in_process"]["error"]
+    assert error.startswith("--limit 'no-such-host' matches no host of inventory ")
