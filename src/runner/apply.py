@@ -48,9 +48,11 @@ def applied(ctx: Context, work: Cycle, record: HostRecord, run: HostRun, desired
     record.last_reconcile = ctx.clock()
     take_stages(record, run)
     if not run.succeeded:
-        failed = run.failed_stage
-        reason = "; ".join(run.failures) or (failed[1] if failed else "")
-        # A node lost in the middle of the run is unreachable, as a probe finds it.
+        failed = run.failed_stage if run.reachable else None
+        # The failed stage's own words first (the tasks that fail the host after it
+        # only repeat them); a node lost in the middle of the run is unreachable, as a
+        # probe finds it.
+        reason = failed[1] if failed else "; ".join(run.failures) or "the apply failed"
         stage = "unreachable" if not run.reachable else failed[0] if failed else "apply"
         status = host_status(Situation.FAILED, record, run)
         fail(ctx, work, record, stage, reason, status, outcome)

@@ -186,6 +186,9 @@ class PlanVerdict:
     leave_rollout: bool = False
     # Something is to change (for RECORD: a check-only cycle leaves it pending).
     needs_apply: bool = False
+    # For FAIL: where it failed (the plan itself, or the stage that failed in it) and why.
+    stage: str = ""
+    reason: str = ""
 
 
 def after_plan(
@@ -199,8 +202,14 @@ def after_plan(
     if not run.reachable or run.failures:
         if run.reachable and repairable_without_plan(record, why, desired, check_only):
             return PlanVerdict(Next.REPAIR)
-        return PlanVerdict(Next.FAIL)
+        failures = "; ".join(run.failures) or "the plan did not reach the host"
+        return PlanVerdict(Next.FAIL, stage="plan", reason=failures + why_not_repaired(record))
     needs_apply = bool(pending) or "drift" in why or "no record" in why
+    if not needs_apply and run.failed_stage is not None:
+        # A stage fails with nothing to change (a refusal: slurmd missing, say): no
+        # apply would help; it fails as an apply would, with the stage's own words.
+        stage, reason = run.failed_stage
+        return PlanVerdict(Next.FAIL, stage=stage, reason=reason)
     leave = False
     if not check_only and not needs_apply and record.rollout_phase:
         if record.rollout_phase == RolloutPhase.QUEUED:

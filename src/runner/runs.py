@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import difflib
 import logging
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -127,6 +128,17 @@ class RunResult:
 ProgressCallback = Callable[[str, str], None]
 
 
+# What ansible-core wraps around an error raised while it templates a task; the
+# words the role wrote come after the last of these. The collection's failure_reason
+# filter (plugins/filter/failures.py, WRAPPING) strips the same for stage outcomes; a
+# unit test keeps the two equal.
+UNWRAP = re.compile(
+    r"^(?:Task failed: "
+    r"|Finalization of task args for '[^']*' failed: "
+    r"|Error while resolving value for '[^']*': "
+    r"|The (?:filter|lookup|test) plugin '[^']*' failed: "
+    r"|The conditional check '[^']*' failed\. The error was: )+"
+)
 # A changed result of these says what changes in its message rather than in a diff.
 _SAYING = ("debug", "ansible.builtin.debug")
 
@@ -209,7 +221,11 @@ class EventCollector:
         res, role, task = data.get("res") or {}, data.get("role") or "", data.get("task") or ""
         run = self._host(host)
         where = f"{role}: " if role else ""
-        failure = f"{where}{task}: {res.get('msg', 'failed')}"
+        message = str(res.get("msg") or "failed")
+        unwrapped = UNWRAP.sub("", message)
+        # A refusal raised while templating (a filter of the role's) is in the role's
+        # words alone; a module's failure says which task it was.
+        failure = f"{where}{unwrapped}" if unwrapped != message else f"{where}{task}: {message}"
         if role in STAGES and role not in run.stages:
             self._unanswered.setdefault((host, role), []).append(failure)
         else:

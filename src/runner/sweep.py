@@ -206,14 +206,13 @@ def _planned(ctx: Context, work: Cycle, record: HostRecord, run: HostRun, why: l
         ctx.writer.save(record)
         return
     if verdict.next == Next.FAIL:
-        reason = "; ".join(run.failures) + decide.why_not_repaired(record)
-        fail(ctx, work, record, "plan", reason, outcome=outcome)
+        fail(ctx, work, record, verdict.stage, verdict.reason, outcome=outcome)
         return
     record.last_full_check = ctx.clock()
     if verdict.leave_rollout:
         _leave_rollout(ctx, record)
     if verdict.next == Next.RECORD:
-        if not verdict.needs_apply and run.failed_stage is None:
+        if not verdict.needs_apply:
             settle(record, desired)  # nothing to change: it already is what is desired
         take_stages(record, run)
         situation = Situation.PENDING if verdict.needs_apply else Situation.RAN

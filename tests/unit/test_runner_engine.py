@@ -182,6 +182,33 @@ def test_a_stage_that_stopped_before_its_outcome_is_a_failure():
     assert not collector.hosts["a"].succeeded
 
 
+WRAPPED = (
+    "Task failed: Finalization of task args for 'ansible.builtin.set_fact' failed: Error "
+    "while resolving value for '_device_plugin_config': The filter plugin "
+    "'gpufleet.nvidia.device_plugin_config' failed: sim-a100: GPU(s) 0, 1 have MIG enabled"
+)
+
+
+def test_a_refusal_raised_while_templating_is_in_the_roles_words_alone():
+    """ansible-core wraps an error a filter raises in its own words; what reaches the
+    host's failures is the filter's message (a module's failure keeps its task)."""
+    collector = EventCollector()
+    collector(_failed("Render the device plugin's config", "device_plugin", WRAPPED))
+    collector(_failed("Install the plugin", "device_plugin", "No package matching 'x'"))
+    collector.finish("failed")
+    assert collector.hosts["a"].failures == [
+        "device_plugin: sim-a100: GPU(s) 0, 1 have MIG enabled",
+        "device_plugin: Install the plugin: No package matching 'x'",
+    ]
+
+
+def test_the_runner_and_the_collection_unwrap_alike():
+    from ansible_collections.gpufleet.nvidia.plugins.filter import failures
+    from runner.runs import UNWRAP
+
+    assert UNWRAP.pattern == failures.WRAPPING.pattern
+
+
 def _tasks(playbook: str) -> list[dict]:
     plays = yaml.safe_load((PROJECT / playbook).read_text())
     found = []

@@ -633,6 +633,33 @@ def test_quarantine_after_n_failures_until_released(store: StateStore) -> None:
     assert not store.host("a").quarantined
 
 
+def test_a_stage_that_refuses_in_the_plan_fails_with_its_own_words(store: StateStore) -> None:
+    """A stage that fails with nothing to change (slurm_gres on a node without
+    slurmd) fails the host as an apply would: its reason in status, the cycle's
+    report and history, backed off; not a bare `failed`."""
+    from runner import show
+
+    reconciler, engine, _ = converged(store, "a")
+    engine.nodes["a"].variables["slurm_gres_manage"] = True  # a new desired state
+    engine.nodes["a"].broken_stage = "slurm_gres"
+    report = reconciler.cycle()
+    assert engine.acted_on("apply") == [], "nothing to apply"
+    record = store.host("a")
+    assert (record.status, record.failed_stage, record.reason) == (
+        "failed",
+        "slurm_gres",
+        "it broke",
+    )
+    assert show.host_line(record) == "failed (slurm_gres: it broke)"
+    outcome = report.outcomes["a"]
+    assert outcome.action == "failed"
+    assert outcome.message.startswith("slurm_gres: it broke; next attempt in ")
+    assert [(e.component, e.summary) for e in store.history("a", kinds=["failure"])] == [
+        ("slurm_gres", "it broke")
+    ]
+    assert record.next_attempt is not None
+
+
 def test_full_checks_fall_due_once_an_interval_each_host_at_its_own_time(
     store: StateStore,
 ) -> None:

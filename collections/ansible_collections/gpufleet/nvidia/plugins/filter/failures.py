@@ -1,0 +1,53 @@
+# Copyright: gpufleet developers
+# Apache License 2.0 (see the repository's LICENSE)
+"""failure_reason: a failed task's reason in the words of whoever failed it."""
+
+from __future__ import annotations
+
+import re
+
+# What ansible-core wraps around an error raised while it templates a task (a
+# filter, lookup or test of ours that refuses, a conditional): the words the role
+# wrote come after the last of these (ansible-core 2.19's, and the older
+# conditional's). runner.runs.UNWRAP holds the same patterns (a unit test keeps them
+# equal).
+WRAPPING = re.compile(
+    r"^(?:Task failed: "
+    r"|Finalization of task args for '[^']*' failed: "
+    r"|Error while resolving value for '[^']*': "
+    r"|The (?:filter|lookup|test) plugin '[^']*' failed: "
+    r"|The conditional check '[^']*' failed\. The error was: )+"
+)
+
+
+def unwrap(message):
+    """(the message without Ansible's wrapping, whether there was any)."""
+    text = WRAPPING.sub("", message)
+    return text, text != message
+
+
+def _truncate(text, limit):
+    if len(text) <= limit:
+        return text
+    cut = text[: limit - 3]
+    return (cut.rsplit(" ", 1)[0] if " " in cut else cut) + "..."
+
+
+def failure_reason(result, task="", fields=(), limit=300):
+    """The reason a task failed, for a stage's outcome: the message (unwrapped)
+    followed by what `fields` of the result hold (stderr, stdout, content), on one
+    line, at most `limit` characters. A module's failure is prefixed with the task's
+    name (`task`), which says what was being done; a refusal raised while
+    templating stands alone, in the words the role wrote."""
+    result = result or {}
+    text, wrapped = unwrap(str(result.get("msg") or "failed"))
+    extra = [str(result.get(name) or "") for name in fields]
+    text = re.sub(r"\s+", " ", " ".join([text, *extra])).strip()
+    if task and not wrapped:
+        text = f"{task}: {text}"
+    return _truncate(text, int(limit))
+
+
+class FilterModule:
+    def filters(self):
+        return {"failure_reason": failure_reason}

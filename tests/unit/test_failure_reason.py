@@ -1,0 +1,59 @@
+"""The collection's failure_reason filter: what a stage's outcome says when a task of
+its role failed, on the messages ansible-core 2.19 really gives (captured from
+ansible-playbook runs of a failing filter, a fail task and a command)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ansible_collections.gpufleet.nvidia.plugins.filter.failures import failure_reason
+
+FILTER_REFUSAL = {
+    "changed": False,
+    "msg": "Task failed: Finalization of task args for 'ansible.builtin.set_fact' failed: "
+    "Error while resolving value for '_device_plugin_config': The filter plugin "
+    "'gpufleet.nvidia.device_plugin_config' failed: sim-a100: GPU(s) 0, 1 have MIG "
+    "enabled; set device_plugin_mig_strategy to single or mixed",
+}
+CONDITIONAL = {"msg": "Task failed: The filter plugin 'boom' failed: hostx: no layout named x"}
+FAIL_TASK = {
+    "changed": False,
+    "msg": "slurm_gres_manage is true for sim-h100-b, but `slurmd -C` did not answer there "
+    "(No such file or directory).\nInstall Slurm's slurmd on the node first, or set "
+    "slurm_gres_manage to false.",
+}
+COMMAND = {"msg": "non-zero return code", "rc": 3, "stderr": "err\n  more", "stdout": "out"}
+
+
+@pytest.mark.parametrize(
+    ("result", "task", "fields", "reason"),
+    [
+        (
+            FILTER_REFUSAL,
+            "Render the config",
+            (),
+            "sim-a100: GPU(s) 0, 1 have MIG enabled; set device_plugin_mig_strategy to "
+            "single or mixed",
+        ),
+        (CONDITIONAL, "Pick the layout", (), "hostx: no layout named x"),
+        (
+            FAIL_TASK,
+            "Refuse a node without slurmd",
+            ("stderr",),
+            "Refuse a node without slurmd: slurm_gres_manage is true for sim-h100-b, but "
+            "`slurmd -C` did not answer there (No such file or directory). Install Slurm's "
+            "slurmd on the node first, or set slurm_gres_manage to false.",
+        ),
+        (COMMAND, "Run it", ("stderr", "stdout"), "Run it: non-zero return code err more out"),
+        ({}, "Run it", (), "Run it: failed"),
+    ],
+    ids=["filter", "conditional", "fail-task", "command", "no-message"],
+)
+def test_a_reason_is_in_the_words_of_whoever_failed(result, task, fields, reason):
+    assert failure_reason(result, task, fields) == reason
+
+
+def test_a_long_reason_is_cut_at_a_word():
+    reason = failure_reason({"msg": "word " * 100}, "Do it", limit=40)
+    assert reason == "Do it: word word word word word word..."
+    assert len(reason) <= 40
