@@ -221,7 +221,7 @@ class EventCollector:
         res, role, task = data.get("res") or {}, data.get("role") or "", data.get("task") or ""
         run = self._host(host)
         where = f"{role}: " if role else ""
-        message = str(res.get("msg") or "failed")
+        message = " ".join(str(res.get("msg") or "failed").split())
         unwrapped = UNWRAP.sub("", message)
         # A refusal raised while templating (a filter of the role's) is in the role's
         # words alone; a module's failure says which task it was.
