@@ -69,6 +69,11 @@ def host(name: str, profile: str, sharing="none", replicas=1, mig="none", **stag
     return hostvars
 
 
+@functools.cache
+def _role_vars() -> dict:
+    return yaml.safe_load((PROJECT / "roles/k8s_manifests/vars/main.yml").read_text())
+
+
 def settings(**changes) -> dict:
     """The role's settings at their defaults (vars/main.yml over defaults/main.yml)."""
     raw = yaml.safe_load((PROJECT / "roles/k8s_manifests/defaults/main.yml").read_text())
@@ -97,6 +102,7 @@ def settings(**changes) -> dict:
         "device_plugin": True,
         "plugin_configmap": defaults["k8s_manifests_device_plugin_configmap"],
         "exporter": True,
+        "exporter_default_mode": _role_vars()["_k8s_manifests_settings"]["exporter_default_mode"],
         "exporter_port": defaults["k8s_manifests_exporter_port"],
         "exporter_collectors": "",
         "exporter_scrape_interval": defaults["k8s_manifests_exporter_scrape_interval"],
@@ -349,6 +355,119 @@ def test_unwanted_lists_only_our_objects_missing_from_the_set():
         ("old-namespace", "nvidia-device-plugin"),
         ("gpufleet", "retired-exporter"),
     ]
+
+
+# --- dcgm-exporter only where a node runs it in cluster mode -------------------------
+
+EXPORTER_KINDS = {"DaemonSet", "Service", "ServiceMonitor", "ConfigMap"}
+COLLECTORS = "DCGM_FI_DEV_GPU_UTIL, gauge, GPU utilization.\n"
+
+
+def in_mode(hostvars: dict, mode: str) -> dict:
+    """The host with its exporter stage run in `mode`."""
+    return {**hostvars, "exporter_stage": {"status": "ready", "mode": mode}}
+
+
+def exporter_objects(built: dict) -> list[str]:
+    return [
+        f"{o['kind']}/{o['metadata']['name']}"
+        for o in built["objects"]
+        if o["metadata"]["name"].startswith("nvidia-dcgm-exporter")
+    ]
+
+
+def test_the_default_mode_is_the_exporter_roles_default():
+    exporter = yaml.safe_load((PROJECT / "roles/exporter/defaults/main.yml").read_text())
+    assert settings()["exporter_default_mode"] == exporter["exporter_mode"]
+
+
+def test_with_every_exporter_on_its_host_no_exporter_object_is_built_and_the_old_is_pruned():
+    """The issue's case: every node's exporter in host mode left a DaemonSet scheduled
+    on no node. Now nothing of the exporter is built, so the apply prunes what an
+    earlier apply made of it, and only that."""
+    fleet = [in_mode(h, "host") for h in FLEETS["plain"]]
+    built = k8s.k8s_manifests(fleet, settings(exporter_collectors=COLLECTORS))
+    assert exporter_objects(built) == []
+    assert built["exporter_hosts"] == []
+    assert "nvidia-device-plugin" in daemonsets(built)
+    assert {n["labels"].get("nvidia.com/gpu.deploy.dcgm-exporter") for n in built["nodes"]} == {
+        "pre-installed",
+        None,  # the CPU node: gpu.present=false only
+    }
+    # What the cluster lists with gpufleet's ownership label, from the earlier apply.
+    before = k8s.k8s_manifests(FLEETS["plain"], settings(exporter_collectors=COLLECTORS))
+    pruned = {
+        f"{kind}/{o['metadata']['name']}"
+        for kind in EXPORTER_KINDS
+        for o in k8s.k8s_unwanted(
+            [o for o in before["objects"] if o["kind"] == kind], built["objects"], kind
+        )
+    }
+    assert pruned == {
+        "ConfigMap/nvidia-dcgm-exporter-collectors",
+        "DaemonSet/nvidia-dcgm-exporter",
+        "Service/nvidia-dcgm-exporter",
+        "ServiceMonitor/nvidia-dcgm-exporter",
+    }
+    assert pruned == set(exporter_objects(before)), "the device plugin's objects stay"
+
+
+def test_one_gpu_node_in_cluster_mode_brings_the_daemonset():
+    h100, t4, cpu = FLEETS["plain"]
+    fleet = [in_mode(h100, "host"), in_mode(t4, "cluster"), in_mode(cpu, "host")]
+    built = k8s.k8s_manifests(fleet, settings())
+    assert built["exporter_hosts"] == ["t4"]
+    exporter = daemonsets(built)["nvidia-dcgm-exporter"]
+    node_selector = exporter["spec"]["template"]["spec"]["nodeSelector"]
+    assert node_selector["nvidia.com/gpu.deploy.dcgm-exporter"] == "true"
+    # ... which the T4's Node has and the H100's does not: one pod, on the T4.
+    deploy = {
+        n["host"]: n["labels"].get("nvidia.com/gpu.deploy.dcgm-exporter") for n in built["nodes"]
+    }
+    assert deploy == {"h100": "pre-installed", "t4": "true", "cpu": None}
+    assert {"Service/nvidia-dcgm-exporter", "ServiceMonitor/nvidia-dcgm-exporter"} <= set(
+        exporter_objects(built)
+    )
+
+
+def test_a_node_without_gpus_in_cluster_mode_brings_no_daemonset():
+    h100, t4, cpu = FLEETS["plain"]
+    fleet = [in_mode(h100, "host"), in_mode(t4, "none"), in_mode(cpu, "cluster")]
+    assert exporter_objects(k8s.k8s_manifests(fleet, settings())) == []
+
+
+def test_without_the_stages_outcome_the_inventorys_mode_decides_then_the_default():
+    """A host whose exporter stage did not run (an earlier stage failed on it) counts
+    by its exporter_mode; where the inventory sets none, by the exporter role's default."""
+    t4 = {k: v for k, v in host("t4", "t4-1").items() if k != "exporter_stage"}
+
+    def counted(hostvars: dict, **changes) -> list[str]:
+        return k8s.k8s_manifests([hostvars], settings(**changes))["exporter_hosts"]
+
+    assert counted(t4) == []
+    assert counted({**t4, "exporter_mode": "cluster"}) == ["t4"]
+    assert counted({**t4, "exporter_mode": "host"}) == []
+    assert counted(t4, exporter_default_mode="cluster") == ["t4"]
+
+
+def test_a_run_without_the_cluster_mode_nodes_facts_keeps_the_daemonset_by_the_record():
+    """The cluster side run alone, or limited to other hosts: a host without facts in
+    this run counts when the record holds its Node as a GPU node; one the record never
+    labelled (localhost, a host never reached) does not."""
+    everyone = [in_mode(host("t4", "t4-1"), "cluster"), in_mode(host("h100", "h100-sxm-8"), "host")]
+    first = k8s.k8s_manifests(everyone, settings())
+    record = k8s.k8s_record(None, first["objects"], first["nodes"], ["t4", "h100"], "gpufleet")
+    limited = [
+        {"inventory_hostname": "t4", "exporter_mode": "cluster"},
+        in_mode(host("h100", "h100-sxm-8"), "host"),
+        {"inventory_hostname": "localhost", "exporter_mode": "cluster"},
+    ]
+    later = k8s.k8s_manifests(limited, settings(), None, record)
+    assert later["exporter_hosts"] == ["t4"]
+    assert "nvidia-dcgm-exporter" in daemonsets(later)
+    without = k8s.k8s_manifests(limited, settings())
+    assert without["exporter_hosts"] == []
+    assert "nvidia-dcgm-exporter" not in daemonsets(without)
 
 
 # --- node labels ------------------------------------------------------------------

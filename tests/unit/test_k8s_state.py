@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import copy
 
+from test_k8s_manifests import FLEETS, in_mode, settings
+
 from ansible_collections.gpufleet.nvidia.plugins.filter import k8s
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import k8s_state
 
@@ -118,3 +120,29 @@ def test_the_record_round_trips_through_its_configmap_and_is_never_pruned() -> N
     assert k8s.k8s_drift(None, [], []) == {"recorded": False, "drift": []}
     broken = {"data": {"applied.json": "{not json"}}
     assert k8s.k8s_drift(broken, [], [])["recorded"] is False
+
+
+def test_an_exporter_pruned_because_no_node_runs_it_in_cluster_mode_is_not_drift() -> None:
+    """Every exporter moved to host mode: the apply prunes the exporter's objects and
+    records what it sent, so the probe that follows finds no drift; against the
+    earlier record the same cluster would be missing the exporter."""
+
+    def listed(objects: list[dict]) -> list[dict]:
+        # As the API server returns them: status and others' labels added.
+        served = copy.deepcopy(objects)
+        for obj in served:
+            obj["metadata"]["uid"] = "1234"
+            obj["metadata"]["labels"]["someone.else/label"] = "x"
+            obj["status"] = {}
+        return served
+
+    hosts = ["h100", "t4", "cpu"]
+    before = k8s.k8s_manifests(FLEETS["plain"], settings())
+    old = k8s.k8s_record(None, before["objects"], before["nodes"], hosts, "gpufleet")
+    after = k8s.k8s_manifests([in_mode(h, "host") for h in FLEETS["plain"]], settings(), None, old)
+    new = k8s.k8s_record(old, after["objects"], after["nodes"], hosts, "gpufleet")
+    cluster = listed(after["objects"])  # the exporter pruned
+    nodes = [{"metadata": {"name": n["name"], "labels": n["labels"]}} for n in after["nodes"]]
+    assert k8s.k8s_drift(new, cluster, nodes) == {"recorded": True, "drift": []}
+    missing = {(d["kind"], d["name"]) for d in k8s.k8s_drift(old, cluster, nodes)["drift"]}
+    assert ("DaemonSet", "nvidia-dcgm-exporter") in missing

@@ -142,8 +142,10 @@ def k8s_manifests(hostvars_list, settings, node_names=None, previous=None):
     """Everything the k8s_manifests role renders and applies, as plain data.
 
     Returns ``objects`` (cluster objects, in the order to apply them), ``nodes`` (the
-    labelled part of each Node: host, name, labels, object) and ``without_facts``
-    (hosts that could not be described, e.g. unreachable ones, or not in this run).
+    labelled part of each Node: host, name, labels, object), ``without_facts``
+    (hosts that could not be described, e.g. unreachable ones, or not in this run)
+    and ``exporter_hosts`` (the hosts that run dcgm-exporter in cluster mode; without
+    one, the exporter's objects are left out: see exporter_cluster_hosts).
 
     `previous` is the record ConfigMap of the last apply (or None): a host without
     facts whose Node it labelled keeps counting with those labels, so a run limited
@@ -182,11 +184,52 @@ def k8s_manifests(hostvars_list, settings, node_names=None, previous=None):
             objects.append(k8s.runtime_class(settings))
         if settings["device_plugin"]:
             objects += k8s.device_plugin_objects(settings, list(configs.values()))
-        if settings["exporter"]:
+        exporter_hosts = exporter_cluster_hosts(
+            hostvars_list, settings["exporter_default_mode"], previous
+        )
+        if settings["exporter"] and exporter_hosts:
             objects += k8s.exporter_objects(settings, settings["service_monitor"])
     except k8s.K8sInputError as exc:
         raise AnsibleFilterError(str(exc)) from exc
-    return {"objects": objects, "nodes": nodes, "without_facts": without_facts}
+    return {
+        "objects": objects,
+        "nodes": nodes,
+        "without_facts": without_facts,
+        "exporter_hosts": exporter_hosts,
+    }
+
+
+def exporter_cluster_hosts(hostvars_list, default_mode, previous=None):
+    """The GPU hosts that run dcgm-exporter in cluster mode, as the DaemonSet's pod.
+
+    A host's mode is the one its exporter stage ran with in this run
+    (exporter_stage.mode), else its exporter_mode as the inventory sets it, else
+    `default_mode` (the exporter role's default). A host counts when it is known to
+    have GPUs: from its facts, or, for a host without facts in this run (a run
+    limited to other hosts, the cluster side run alone), from the labels the record
+    `previous` holds for its Node; a host the cluster side never labelled gets no
+    pod anyway. Without any such host the DaemonSet would be scheduled on no node,
+    so the exporter's objects are not built (and an apply prunes those it made).
+    """
+    record = k8s_state.parse_record(previous) or {}
+    recorded_gpus = {
+        entry.get("host")
+        for entry in (record.get("nodes") or {}).values()
+        if (entry.get("labels") or {}).get(k8s.LABEL_PREFIX + "gpu.present") == "true"
+    }
+    hosts = []
+    for hostvars in hostvars_list:
+        host = hostvars.get("inventory_hostname", "?")
+        mode = (
+            (hostvars.get("exporter_stage") or {}).get("mode")
+            or hostvars.get("exporter_mode")
+            or default_mode
+        )
+        facts = (hostvars.get("ansible_facts") or {}).get("gpufleet")
+        has_gpus = bool(facts.get("gpu_count")) if facts is not None else host in recorded_gpus
+        if mode == "cluster" and has_gpus:
+            hosts.append(host)
+    return hosts
 
 
 def _recorded_configs(previous, hosts):
