@@ -281,6 +281,14 @@ WRONG_SETTINGS = [
     {"device_plugin_mode": "host"},
     {"exporter_port": 70000},
     {"mig_config": "all-balanced; reboot"},
+    # Refused only when their stage started, after the stages before it (issue 44): a
+    # number where the collectors CSV goes, a boolean as a string, a version of another
+    # branch (the inventory's driver_branch is the default, 535), a MIG layout the file
+    # does not have.
+    {"exporter_collectors": 42},
+    {"k8s_manifests_apply": "true"},
+    {"driver_version": "550.163.01"},
+    {"mig_config": "all-halves"},
 ]
 
 

@@ -79,7 +79,11 @@ H100 = "0x2330"
             "slurm_gres_types: expected GPU model names (as NVML reports them) mapped to GRES",
         ),
         ("slurm_gres", {"slurm_gres_conf_path": "gres.conf"}, "slurm_gres_conf_path"),
-        ("mig", {"mig_config": "all-halves"}, "mig_config 'all-halves'"),
+        (
+            "mig",
+            {"mig_config": "all-halves"},
+            "mig_config: expected the name of a layout in",
+        ),
         ("mig", {"mig_config": "all-halves"}, "no layout named 'all-halves'"),
         # An A100 40GB profile: no entry of the shipped layout reaches an H100.
         ("mig", {"mig_config": "all-1g.5gb"}, "none of its entries reaches a GPU here"),

@@ -1,7 +1,9 @@
 """The settings rules: the forms argument specs cannot say, checked before any change.
 
-`settings.problems` is the one place; the `settings_check` action runs it with each
-role's argument spec, first in site.yml for every stage and again in each role.
+`settings.check` is the one place; the `settings_check` action runs it with each role's
+argument spec, first in site.yml for every stage (and in the reconciler's settings
+pass) and again in each role. That every variable is judged there is
+test_settings_coverage's.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import yaml
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import settings
 from conftest import PROJECT, run_ansible
+from runner.engine import AnsibleEngine
 
 ROLES = sorted(p.parent.parent.name for p in PROJECT.glob("roles/*/meta/argument_specs.yml"))
 
@@ -27,15 +30,8 @@ def _defaults(role):
     return yaml.safe_load((PROJECT / "roles" / role / "defaults" / "main.yml").read_text()) or {}
 
 
-@pytest.mark.parametrize("role", ROLES)
-def test_every_setting_has_a_form_and_the_defaults_have_it(role):
-    for name, option in _options(role).items():
-        formless = option["type"] != "bool" and "choices" not in option
-        if formless:
-            known = name in settings.RULES or name in settings.FREE_FORM
-            assert known, f"{name} ({option['type']}) has no form in module_utils/settings.py"
-    literal = {k: v for k, v in _defaults(role).items() if "{{" not in str(v)}
-    assert settings.problems(literal) == []
+def _check(role, **values):
+    return settings.check(_options(role), values, str(PROJECT / "roles" / role))
 
 
 @pytest.mark.parametrize(
@@ -136,6 +132,29 @@ def test_every_setting_has_a_form_and_the_defaults_have_it(role):
             {"device_plugin_sharing": "none", "device_plugin_replicas": 4},
             "device_plugin_replicas=4 needs device_plugin_sharing",
         ),
+        # What a stage used to refuse on its own, after the stages before it had run
+        # (issue 44): a version of another branch (the driver plan), a collectors file
+        # dcgm-exporter does not start with.
+        (
+            {"driver_branch": "550", "driver_version": "535.261.03"},
+            "driver_version: '535.261.03' is not of driver_branch 550; expected a 550.x.y",
+        ),
+        (
+            {"exporter_collectors": "DCGM_FI_DEV_GPU_UTIL\nDCGM_FI_DEV_FB_USED\n"},
+            "exporter_collectors: expected the text of a dcgm-exporter collectors CSV, a line "
+            "per field: <DCGM field>, <gauge|counter|histogram|summary|label>, <help> (# begins "
+            "a comment), or empty for the package's default counters; line 1 "
+            "('DCGM_FI_DEV_GPU_UTIL') has 1 field(s), not 3.",
+        ),
+        (
+            {"exporter_collectors": "DCGM_FI_DEV_GPU_UTIL, gauges, GPU utilization.\n"},
+            "has the metric type 'gauges'",
+        ),
+        ({"exporter_collectors": "# only a comment\n"}, "it names no field"),
+        (
+            {"k8s_manifests_exporter_collectors": "42, gauge, x"},
+            "k8s_manifests_exporter_collectors: expected the text of a dcgm-exporter",
+        ),
     ],
 )
 def test_a_wrong_value_is_named_with_the_form_expected(values, words):
@@ -176,10 +195,130 @@ def test_a_wrong_value_is_named_with_the_form_expected(values, words):
         },
         {"device_plugin_sharing": "time-slicing", "device_plugin_replicas": 4},
         {"exporter_listen_address": "[::1]", "exporter_hostengine_address": "10.0.0.5:5555"},
+        {"driver_branch": "550", "driver_version": "550.163.01"},
+        {"driver_branch": "550", "driver_version": ""},
+        # dcgm-exporter's own file: comments (also with commas), blank lines, a quoted
+        # help text with a comma, exporter-side fields.
+        {
+            "exporter_collectors": "# Format,,\n# DCGM FIELD, Prometheus metric type, help\n\n"
+            "DCGM_FI_DEV_SM_CLOCK,  gauge, SM clock frequency (in MHz).\n"
+            'DCGM_FI_DEV_XID_ERRORS, gauge,"Value of the last XID error, if any."\n'
+            "DCGM_EXP_XID_ERRORS_COUNT, gauge, Count of XID errors.\n"
+            "DCGM_FI_DRIVER_VERSION, label, Driver version"
+        },
+        {"exporter_collectors": "", "k8s_manifests_exporter_collectors": ""},
     ],
 )
 def test_a_right_value_passes(values):
     assert settings.problems(values) == []
+
+
+@pytest.mark.parametrize(
+    ("role", "values", "words"),
+    [
+        # The issue's case: a number where the collectors file's text goes. Ansible's
+        # argument spec makes "42" of it, which passed; the role is given 42.
+        (
+            "exporter",
+            {"exporter_collectors": 42},
+            "exporter_collectors: expected the text of a dcgm-exporter collectors CSV, a line "
+            "per field: <DCGM field>, <gauge|counter|histogram|summary|label>, <help> (# begins "
+            "a comment), or empty for the package's default counters, got 42 (a number, not a "
+            'string; quote it: "42").',
+        ),
+        # -e NAME=VALUE gives strings; ansible-core refuses "true" as a condition.
+        (
+            "k8s_manifests",
+            {"k8s_manifests_apply": "true"},
+            "k8s_manifests_apply: expected true or false, got 'true' (a string, not true or "
+            "false; -e k8s_manifests_apply=... gives a string: give it as JSON, "
+            """-e '{"k8s_manifests_apply": true}', or in the inventory).""",
+        ),
+        (
+            "exporter",
+            {"exporter_port": "9401"},
+            "exporter_port: expected a TCP port, 1-65535, got '9401' (a string, not a whole "
+            "number;",
+        ),
+        (
+            "device_plugin",
+            {"device_plugin_replicas": "2"},
+            "device_plugin_replicas: expected a whole number, got '2' (a string",
+        ),
+        (
+            "runtime_config",
+            {"runtime_config_runtimes": "containerd"},
+            "runtime_config_runtimes: expected a list of strings, each one of: containerd, "
+            "docker, crio, got 'containerd' (a string, not a list;",
+        ),
+        (
+            "runtime_config",
+            {"runtime_config_services": "containerd=k3s"},
+            "runtime_config_services: expected keys among containerd, docker, crio and systemd "
+            "unit names as values, got 'containerd=k3s' (a string, not a mapping;",
+        ),
+        (
+            "driver",
+            {"driver_branch": 550},
+            'driver_branch: expected a three-digit driver branch such as "535", got 550 (a '
+            'number, not a string; quote it: "550").',
+        ),
+        (
+            "driver",
+            {"driver_version": None},
+            'got None (null, not a string; write "" for empty).',
+        ),
+        ("driver", {"driver_gpu_consumers": ["dcgm.service", 7]}, "driver_gpu_consumers[1]"),
+        ("mig", {"mig_config": 42}, "mig_config: expected a layout name of the MIG file"),
+        ("exporter", {"exporter_mode": True}, "exporter_mode: expected a string, one of: host"),
+    ],
+)
+def test_a_value_is_judged_as_written_not_as_ansible_would_convert_it(role, values, words):
+    found = _check(role, **values)
+    assert len(found) == 1 and words in found[0], found
+
+
+def test_a_mig_layout_must_be_one_of_the_file_it_is_read_from(tmp_path):
+    """The layout's name and the file are the controller's to judge, before discovery;
+    whether the layout fits a node's GPUs is for after it (playbooks/facts.yml)."""
+    assert _check("mig", mig_config="all-balanced", mig_config_file="") == []
+    (found,) = _check("mig", mig_config="all-halves", mig_config_file="")
+    shipped = PROJECT / "roles" / "mig" / "files" / "mig-parted-config.yaml"
+    assert found.startswith(
+        f"mig_config: expected the name of a layout in {shipped} (or empty: MIG left alone), "
+        "got 'all-halves': no layout named 'all-halves'; the file has: all-1g.10gb, "
+    )
+    assert found.endswith(", all-balanced, all-disabled, all-enabled.")
+    site = tmp_path / "mig.yaml"
+    site.write_text(
+        "version: v1\nmig-configs:\n  halves:\n    - {devices: all, mig-enabled: false}\n"
+    )
+    assert _check("mig", mig_config="halves", mig_config_file=str(site)) == []
+    assert (
+        "the file has: halves."
+        in _check("mig", mig_config="all-balanced", mig_config_file=str(site))[0]
+    )
+    missing = str(tmp_path / "none.yaml")
+    assert _check("mig", mig_config="halves", mig_config_file=missing) == [
+        f"mig_config_file: expected a readable file, got '{missing}' (No such file or directory)."
+    ]
+    site.write_text("version: v2\n")
+    assert _check("mig", mig_config="halves", mig_config_file=str(site)) == [
+        f"mig_config_file: expected a mig-parted config file, got '{site}': version: expected "
+        "'v1', found 'v2'."
+    ]
+    # Without a layout asked for, the file is not read.
+    assert _check("mig", mig_config="", mig_config_file=missing) == []
+
+
+def test_the_cluster_side_names_hosts_of_the_inventory():
+    options = _options("k8s_manifests")
+    values = {"k8s_manifests_hosts": ["gpu-1", "gpu-9"]}
+    assert settings.check(options, values, inventory_hosts={"gpu-1", "gpu-2"}) == [
+        "k8s_manifests_hosts: expected hosts of the inventory (or empty: all of them), got "
+        "'gpu-9', which the inventory does not have."
+    ]
+    assert settings.check(options, {"k8s_manifests_hosts": []}, inventory_hosts=set()) == []
 
 
 def test_site_checks_every_stage_first():
@@ -223,8 +362,8 @@ def test_one_bad_host_stops_the_run_before_any_play_touches_a_host(tmp_path):
     assert message.startswith("Settings of bad refused before any change (2):")
     assert "k8s_manifests_image_pull_policy must be one of: Always, IfNotPresent, Never" in message
     assert (
-        "driver_reboot_timeout: expected a whole number of seconds from 1 to 86400, got -5"
-        in message
+        "driver_reboot_timeout: expected a whole number of seconds from 1 to 86400, got '-5' "
+        "(a string, not a whole number" in message
     )
     assert json.dumps(report["stats"]).count('"changed": 0') == 2
 
@@ -252,3 +391,57 @@ def test_a_value_made_from_facts_is_left_to_the_roles_own_check(tmp_path):
         "ansible-playbook", "-i", str(inventory), str(PROJECT / "playbooks" / "settings.yml")
     )
     assert rc == 0, report["plays"][0]["tasks"][0]["hosts"]
+
+
+def _inventory(tmp_path, bad):
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(
+        yaml.safe_dump(
+            {
+                "all": {
+                    "vars": {
+                        "ansible_connection": "local",
+                        "ansible_python_interpreter": sys.executable,
+                    },
+                    "hosts": {"good": {}, "bad": bad},
+                }
+            }
+        )
+    )
+    return inventory
+
+
+COLLECTORS_42 = (
+    "exporter_collectors: expected the text of a dcgm-exporter collectors CSV, a line per "
+    "field: <DCGM field>, <gauge|counter|histogram|summary|label>, <help> (# begins a "
+    "comment), or empty for the package's default counters, got 42 (a number, not a "
+    'string; quote it: "42").'
+)
+
+
+def test_exporter_collectors_42_is_refused_before_any_stage_runs(tmp_path):
+    """Issue 44: `exporter_collectors: 42` passed the settings pass and was refused only
+    when the exporter stage started, after the earlier stages had run on the node. Now
+    site.yml ends in its settings play, naming the host, the variable and the form."""
+    inventory = _inventory(tmp_path, {"exporter_collectors": 42})
+    rc, report = run_ansible("ansible-playbook", "-i", str(inventory), str(PROJECT / "site.yml"))
+    assert rc != 0
+    names = [play["play"]["name"] for play in report["plays"]]
+    assert names == ["Check every stage's settings on every node before any change"], names
+    outcome = report["plays"][0]["tasks"][0]["hosts"]
+    assert not outcome["good"].get("failed")
+    assert (
+        outcome["bad"]["msg"] == f"Settings of bad refused before any change (1): {COLLECTORS_42}"
+    )
+    assert json.dumps(report["stats"]).count('"changed": 0') == 2
+
+
+def test_the_reconcilers_settings_pass_refuses_it_too(tmp_path):
+    """The reconciler checks a host's settings with the same play before it plans or
+    applies anything there (runner.sweep: engine.check_settings)."""
+    inventory = _inventory(tmp_path, {"exporter_collectors": 42})
+    engine = AnsibleEngine(PROJECT, str(inventory), tmp_path / "ansible")
+    refused = engine.check_settings(["good", "bad"])
+    assert list(refused) == ["bad"]
+    assert "Settings of bad refused before any change (1)" in refused["bad"]
+    assert COLLECTORS_42 in refused["bad"]

@@ -119,7 +119,9 @@ def test_a_config_containerd_ignores_is_rolled_back(host):
     # containerd 1.6 loads a version 3 file without complaint and ignores its CRI
     # tables: the nvidia runtime would silently not exist.
     host.check_output("rm /etc/containerd/config.toml && systemctl restart containerd")
-    run = converge(["-e", "runtime_config_containerd_config_version=3"], SITE, expect_rc=2)
+    # As JSON: -e NAME=VALUE would give the string "3", which the settings pass refuses.
+    version_3 = json.dumps({"runtime_config_containerd_config_version": 3})
+    run = converge(["-e", version_3], SITE, expect_rc=2)
     stage = outcome(run, "runtime_config_stage")
     assert stage["status"] == "failed"
     assert "containerd did not work with the new configuration" in stage["reason"]

@@ -8,10 +8,9 @@ import os
 
 from ansible import constants as C
 from ansible.errors import AnsibleError, AnsibleUndefinedVariable
-from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.plugins.action import ActionBase
 
-from ansible_collections.gpufleet.nvidia.plugins.module_utils.settings import problems
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.settings import check
 
 
 class ActionModule(ActionBase):
@@ -26,22 +25,15 @@ class ActionModule(ActionBase):
             argument_spec={"roles": {"type": "list", "elements": "str", "required": True}}
         )
         found, checked = [], []
+        inventory_hosts = set((task_vars.get("groups") or {}).get("all") or [])
         for role in args["roles"]:
             role_dir = self._role_dir(role, task_vars)
             spec = self._load(role_dir, "meta/argument_specs.yml")
             options = ((spec.get("argument_specs") or {}).get("main") or {}).get("options") or {}
             values = self._values(options, self._load(role_dir, "defaults/main.yml"), task_vars)
-            well_typed = {}
-            for name, value in values.items():
-                # One option at a time, so that a value of the wrong type is named once
-                # and not checked for its form.
-                validated = ArgumentSpecValidator({name: options[name]}).validate(
-                    {name: value}, validate_role_argument_spec=True
-                )
-                found.extend(validated.error_messages)
-                if not validated.error_messages:
-                    well_typed[name] = validated.validated_parameters[name]
-            found.extend(problems(well_typed))
+            # The values as the role will be given them: their kind is judged as written,
+            # not as Ansible's argument spec would convert them.
+            found.extend(check(options, values, role_dir, inventory_hosts))
             checked.append(os.path.basename(role_dir))
         result.update(changed=False, roles=checked, problems=found)
         if found:

@@ -8,15 +8,32 @@ shapes, names Kubernetes accepts, settings that depend on each other) is here, i
 table, so that the settings check before any stage (action ``settings_check``) and
 each role on its own refuse the same values with the same words.
 
-``problems(values)`` takes the settings of one host (spec defaults filled in) and
-returns one sentence per bad setting, each naming the variable, the form expected and
-the value found.
+``check(options, values)`` judges the settings of one host for one role (its argument
+spec's options; the host's values, spec defaults filled in) and returns one sentence per
+bad setting, each naming the variable, the form expected and the value found:
+
+1. the kind, as written (``kind_problem``): a role is given the value as the host has
+   it, not Ansible's conversion of it - for a ``str`` 42 stays a number (``| length``
+   fails on it), for a ``bool`` "false" stays a string (ansible-core refuses it as a
+   condition), for an ``int`` "9400" stays a string, for a ``list`` "a,b" stays a string;
+2. the argument spec (choices, elements), as Ansible does when the role starts;
+3. the forms of ``RULES`` and the settings that go together (``problems``).
+
+``coverage(name, option)`` says which of these judges a variable; a unit test holds
+every role's argument spec to it, so that no variable is left to a role to refuse
+after earlier stages have run.
 """
 
 from __future__ import annotations
 
+import csv
+import os
 import re
+from collections.abc import Mapping
 from urllib.parse import urlsplit
+
+import yaml
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.driver_plan import (
     BRANCH_RE,
@@ -31,6 +48,10 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_objects import
     K8sInputError,
     check_label,
     plugin_config,
+)
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.mig_config import (
+    MigConfigError,
+    parse_config,
 )
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.openpgp import normalise
 
@@ -141,6 +162,43 @@ _KEY_FINGERPRINTS = (
     "a non-empty list of OpenPGP key fingerprints (40 or 64 hex digits, spaces allowed)",
 )
 
+# dcgm-exporter's collectors CSV, as it reads it (internal/pkg/counters/counter_config.go):
+# a line that begins with # is a comment and an empty one is skipped; every other line is
+# exactly three fields, a DCGM field name, a Prometheus metric type and a help text.
+PROM_TYPES = ("gauge", "counter", "histogram", "summary", "label")
+_FIELD_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+
+
+def _collectors_problem(text):
+    """'' for a collectors CSV dcgm-exporter takes (or empty: its defaults), else what is
+    wrong with it, naming the line."""
+    if text == "":
+        return ""
+    fields_named = 0
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line or line.startswith("#"):
+            continue
+        fields = [field.strip(" ") for field in next(csv.reader([line]), [])]
+        where = f"line {number} ({line.strip()!r})"
+        if len(fields) != 3:
+            return f"{where} has {len(fields)} field(s), not 3"
+        if not _FIELD_NAME.match(fields[0]):
+            return f"{where} does not begin with a DCGM field name"
+        if fields[1] not in PROM_TYPES:
+            return f"{where} has the metric type {fields[1]!r}"
+        fields_named += 1
+    if not fields_named:
+        return "it names no field (leave it empty for the package's default counters)"
+    return ""
+
+
+_COLLECTORS = (
+    _collectors_problem,
+    "the text of a dcgm-exporter collectors CSV, a line per field: <DCGM field>, "
+    f"<{'|'.join(PROM_TYPES)}>, <help> (# begins a comment), or empty for the "
+    "package's default counters",
+)
+
 # variable -> (check, expected form). A variable missing from a host's settings (its
 # role not being checked) is not looked at.
 RULES = {
@@ -230,6 +288,7 @@ RULES = {
     ),
     "exporter_port": _PORT,
     "exporter_hostengine_address": (_match(_HOST_PORT), "host:port of DCGM's host engine"),
+    "exporter_collectors": _COLLECTORS,
     "slurm_gres_conf_path": _PATH,
     "slurm_gres_node_line_path": _PATH,
     "slurm_gres_types": (
@@ -290,16 +349,26 @@ RULES = {
         "an image reference such as registry/path:tag",
     ),
     "k8s_manifests_image_pull_secrets": (_each(_DNS_NAME[0]), "Secret names (DNS labels)"),
+    "k8s_manifests_exporter_collectors": _COLLECTORS,
 }
 
-# Settings with no form to check beyond their type: any value of it is taken as is.
+# Settings with a check of their own below, beyond their kind: with other settings, or
+# against the inventory.
+OWN_CHECKS = {
+    "device_plugin_replicas": "with device_plugin_sharing and device_plugin_mig_strategy",
+    "k8s_manifests_tolerations": "field by field, as a Pod spec takes a toleration",
+    "k8s_manifests_hosts": "each one a host of the inventory",
+}
+
+# Settings with no form to check beyond their kind: any string is taken as is. Keep this
+# short; every entry says why nothing before the run can judge it.
 FREE_FORM = {
-    "device_plugin_replicas": "checked with device_plugin_sharing below",
-    "exporter_collectors": "the collectors CSV's content, read by dcgm-exporter",
-    "k8s_manifests_exporter_collectors": "the same CSV, for the exporter DaemonSet",
-    "k8s_manifests_context": "a kubeconfig context, whatever the kubeconfig names it",
-    "k8s_manifests_hosts": "inventory host names, which Ansible has checked",
-    "k8s_manifests_tolerations": "checked field by field below",
+    "k8s_manifests_context": (
+        "a context the kubeconfig names: which kubeconfig (k8s_manifests_kubeconfig, "
+        "$KUBECONFIG's merged files, ~/.kube/config, in-cluster) is the Kubernetes "
+        "client's to resolve when the cluster side connects; judging it here would "
+        "mean resolving it differently"
+    ),
 }
 
 
@@ -330,8 +399,54 @@ def _toleration_problem(toleration):
     return ""
 
 
-def _dependent_problems(values):
-    """Settings that are only wrong together."""
+def _driver_problems(values):
+    """A driver_version of another branch than driver_branch (each well-formed)."""
+    branch, version = values.get("driver_branch"), values.get("driver_version")
+    if not (isinstance(branch, str) and BRANCH_RE.match(branch)):
+        return []
+    if not (isinstance(version, str) and VERSION_RE.match(version)):
+        return []
+    if version.split(".")[0] == branch:
+        return []
+    return [
+        f"driver_version: {version!r} is not of driver_branch {branch}; expected a "
+        f"{branch}.x.y version (or empty: the newest of the branch), or set driver_branch "
+        f"{version.split('.')[0]!r} with it."
+    ]
+
+
+def _mig_problems(values, role_dir):
+    """mig_config names a layout of the file the MIG stage reads it from.
+
+    The file is read where the stage reads it, on the controller: mig_config_file, else
+    the role's own files/mig-parted-config.yaml. Whether the layout fits a node's GPUs
+    is for after discovery (playbooks/facts.yml)."""
+    name = values.get("mig_config")
+    path = values.get("mig_config_file")
+    if not name or not _match(_MIG_CONFIG)(name) or not _OPTIONAL_PATH[0](path):
+        return []
+    if not path:
+        if role_dir is None:
+            return []
+        path = os.path.join(role_dir, "files", "mig-parted-config.yaml")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            layouts = parse_config(yaml.safe_load(handle))
+    except OSError as exc:
+        return [f"mig_config_file: expected a readable file, got {path!r} ({exc.strerror})."]
+    except (yaml.YAMLError, MigConfigError) as exc:
+        detail = " ".join(str(exc).split())
+        return [f"mig_config_file: expected a mig-parted config file, got {path!r}: {detail}."]
+    if name in layouts:
+        return []
+    return [
+        f"mig_config: expected the name of a layout in {path} (or empty: MIG left alone), "
+        f"got {name!r}: no layout named {name!r}; the file has: {', '.join(sorted(layouts))}."
+    ]
+
+
+def _dependent_problems(values, role_dir=None, inventory_hosts=None):
+    """Settings that are only wrong together, or with what they name."""
     found = []
     if values.get("device_plugin_mode") == "host":
         if not values.get("device_plugin_host_binary_url"):
@@ -360,11 +475,22 @@ def _dependent_problems(values):
         )
         if problem:
             found.append(f"k8s_manifests_tolerations[{index}]: {problem}.")
-    return found
+    if inventory_hosts is not None:
+        unknown = [h for h in values.get("k8s_manifests_hosts") or [] if h not in inventory_hosts]
+        if unknown:
+            found.append(
+                "k8s_manifests_hosts: expected hosts of the inventory (or empty: all of them), "
+                f"got {', '.join(map(repr, unknown))}, which the inventory does not have."
+            )
+    return found + _driver_problems(values) + _mig_problems(values, role_dir)
 
 
-def problems(values):
-    """One sentence per setting in `values` that has the wrong form."""
+def problems(values, role_dir=None, inventory_hosts=None):
+    """One sentence per setting in `values` that has the wrong form.
+
+    `role_dir` is the role's directory (for files it ships, such as the MIG layouts),
+    `inventory_hosts` the inventory's host names; without them what they would judge is
+    not looked at."""
     found = []
     for name, value in values.items():
         rule = RULES.get(name)
@@ -372,9 +498,160 @@ def problems(values):
             continue
         check, expected = rule
         try:
-            good = check(value)
+            verdict = check(value)
         except (AttributeError, TypeError, ValueError):
-            good = False
-        if not good:
+            verdict = False
+        if isinstance(verdict, str):
+            # A check that says what is wrong, where the whole value is too long to repeat.
+            if verdict:
+                found.append(f"{name}: expected {expected}; {verdict}.")
+        elif not verdict:
             found.append(f"{name}: expected {expected}, got {value!r}.")
-    return found + _dependent_problems(values)
+    return found + _dependent_problems(values, role_dir, inventory_hosts)
+
+
+# --- kinds: the value as written, which is what a role is given -------------------------
+
+# Argument spec type -> (the values a role can take for it as they are, the form).
+_KINDS = {
+    "str": (lambda value: isinstance(value, str), "a string"),
+    "path": (lambda value: isinstance(value, str), "a path"),
+    "int": (lambda value: isinstance(value, int) and not isinstance(value, bool), "a whole number"),
+    "bool": (lambda value: isinstance(value, bool), "true or false"),
+    "list": (lambda value: isinstance(value, (list, tuple)), "a list"),
+    "dict": (lambda value: isinstance(value, Mapping), "a mapping"),
+}
+_PLURAL = {"str": "strings", "path": "paths", "int": "whole numbers", "dict": "mappings"}
+
+
+def _kind_of(value):
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true or false"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, Mapping):
+        return "a mapping"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    return type(value).__name__
+
+
+def _plain(value):
+    """The value without the types ansible-core tags templated data with, for messages."""
+    if isinstance(value, bool) or value is None:
+        return value
+    for kind in (str, int, float):
+        if isinstance(value, kind):
+            return kind(value)
+    if isinstance(value, Mapping):
+        return {_plain(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    return value
+
+
+def _form(option):
+    wanted = option.get("type", "str")
+    form = _KINDS[wanted][1] if wanted in _KINDS else f"a {wanted}"
+    elements = option.get("elements")
+    if wanted == "list" and elements in _PLURAL:
+        form = f"a list of {_PLURAL[elements]}"
+    if option.get("choices"):
+        choices = ", ".join(str(choice) for choice in option["choices"])
+        form += f", each one of: {choices}" if wanted == "list" else f", one of: {choices}"
+    return form
+
+
+def _hint(name, wanted, value):
+    """How to write `value` as the kind wanted, where the mistake is a common one."""
+    if wanted in ("str", "path") and value is None:
+        return '; write "" for empty'
+    if wanted in ("str", "path") and isinstance(value, (bool, int, float)):
+        return f'; quote it: "{value}"'
+    if isinstance(value, str) and wanted in ("int", "bool", "list", "dict"):
+        typed = "..."
+        if wanted == "int" and value.strip().isdigit():
+            typed = str(int(value))
+        elif wanted == "bool" and value.strip().lower() in _BOOL_WORDS:
+            typed = _BOOL_WORDS[value.strip().lower()]
+        return (
+            f"; -e {name}=... gives a string: give it as JSON, -e '{{\"{name}\": {typed}}}', "
+            "or in the inventory"
+        )
+    return ""
+
+
+_BOOL_WORDS = {
+    **dict.fromkeys(("true", "yes", "on", "1"), "true"),
+    **dict.fromkeys(("false", "no", "off", "0"), "false"),
+}
+
+
+def kind_problem(name, option, value):
+    """'' when `value` is of the kind `option` (an argument spec option) takes as written,
+    else a sentence naming the variable, the form expected and the kind found."""
+    wanted = option.get("type", "str")
+    if wanted not in _KINDS:
+        return ""
+    accepts, kind = _KINDS[wanted]
+    if not accepts(value):
+        expected = RULES[name][1] if name in RULES else _form(option)
+        return (
+            f"{name}: expected {expected}, got {_plain(value)!r} "
+            f"({_kind_of(value)}, not {kind}{_hint(name, wanted, value)})."
+        )
+    elements = option.get("elements")
+    if wanted == "list" and elements in _KINDS:
+        item_accepts, item_kind = _KINDS[elements]
+        for index, item in enumerate(value):
+            if not item_accepts(item):
+                return (
+                    f"{name}[{index}]: expected {item_kind}, got {_plain(item)!r} "
+                    f"({_kind_of(item)}{_hint(name, elements, item)})."
+                )
+    return ""
+
+
+def check(options, values, role_dir=None, inventory_hosts=None):
+    """Every problem with one host's settings of one role: `options` its argument spec's,
+    `values` the host's (defaults filled in; a variable missing is not looked at).
+
+    One sentence per bad setting: the kind first (a value of the wrong kind is named
+    once and not judged further), then the spec's choices and elements as Ansible
+    checks them when the role starts, then RULES and the settings that go together."""
+    found, well_typed = [], {}
+    for name, value in values.items():
+        option = options.get(name)
+        if option is None:
+            continue
+        problem = kind_problem(name, option, value)
+        if problem:
+            found.append(problem)
+            continue
+        validated = ArgumentSpecValidator({name: option}).validate(
+            {name: value}, validate_role_argument_spec=True
+        )
+        found.extend(validated.error_messages)
+        if not validated.error_messages:
+            well_typed[name] = validated.validated_parameters[name]
+    return found + problems(well_typed, role_dir, inventory_hosts)
+
+
+def coverage(name, option):
+    """What judges `name` (an option of a role's argument spec) before any change beyond
+    its kind, or '' where nothing does (then a role would be left to refuse it late)."""
+    if name in RULES:
+        return f"its form: {RULES[name][1]}"
+    if name in OWN_CHECKS:
+        return f"a check of its own: {OWN_CHECKS[name]}"
+    if option.get("choices"):
+        return f"its choices: {', '.join(str(choice) for choice in option['choices'])}"
+    if option.get("type") == "bool":
+        return "its kind: true or false"
+    if name in FREE_FORM:
+        return f"nothing, any {_form(option)}: {FREE_FORM[name]}"
+    return ""

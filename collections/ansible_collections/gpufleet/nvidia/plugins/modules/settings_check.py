@@ -11,11 +11,17 @@ short_description: Check the settings of gpufleet's roles for a host, before any
 version_added: 0.1.0
 description:
   - Checks every setting of the named roles as the host's variables give it (the role's
-    default where the host has none) in two steps. First against each role's argument
-    spec (C(meta/argument_specs.yml)), type and choices, as Ansible does when the role
+    default where the host has none) in three steps. First its kind as written, which
+    is what the role is given - a number is not a string, C("false") (what
+    C(-e NAME=VALUE) gives) is not a boolean, C("9400") is not a whole number, C("a,b")
+    is not a list - where Ansible's own check of a role's argument spec converts such a
+    value and lets it through. Then against each role's argument spec
+    (C(meta/argument_specs.yml)), choices and elements, as Ansible does when the role
     starts. Then against the forms a spec cannot say (URL schemes and hosts, ranges,
-    absolute paths, package version shapes, names Kubernetes accepts, settings that go
-    together), kept in the collection's C(module_utils/settings.py).
+    absolute paths, package version shapes, names Kubernetes accepts, a collectors CSV
+    dcgm-exporter reads), settings that go together (a driver version of the driver
+    branch), and what settings name (a MIG layout of its file, cluster-side hosts of the
+    inventory), kept in the collection's C(module_utils/settings.py).
   - Runs on the controller only and never connects to the host, so a run whose first
     play is this check changes no host when a setting is wrong; C(site.yml) does this
     for every stage, with O(roles) naming all of them.
