@@ -26,26 +26,25 @@ def unwrap(message):
     return text, text != message
 
 
-def _truncate(text, limit):
-    if len(text) <= limit:
+def _truncate(text, limit, leeway=5):
+    """As Jinja's truncate filter cuts (at a word, "..." after it, a few characters
+    of leeway), which the stages used before this filter."""
+    if len(text) <= limit + leeway:
         return text
-    cut = text[: limit - 3]
-    return (cut.rsplit(" ", 1)[0] if " " in cut else cut) + "..."
+    return text[: limit - 3].rsplit(" ", 1)[0] + "..."
 
 
 def failure_reason(result, task="", fields=(), limit=300):
     """The reason a task failed, for a stage's outcome: the message (unwrapped)
     followed by what `fields` of the result hold (stderr, stdout, content), on one
-    line, at most `limit` characters. A module's failure is prefixed with the task's
-    name (`task`), which says what was being done; a refusal raised while
+    line, cut at about `limit` characters. A module's failure is prefixed with the
+    task's name (`task`), which says what was being done; a refusal raised while
     templating stands alone, in the words the role wrote."""
     result = result or {}
     text, wrapped = unwrap(str(result.get("msg") or "failed"))
     extra = [str(result.get(name) or "") for name in fields]
-    text = re.sub(r"\s+", " ", " ".join([text, *extra])).strip()
-    if task and not wrapped:
-        text = f"{task}: {text}"
-    return _truncate(text, int(limit))
+    text = _truncate(re.sub(r"\s+", " ", " ".join([text, *extra])).strip(), int(limit))
+    return f"{task}: {text}" if task and not wrapped else text
 
 
 class FilterModule:
