@@ -28,7 +28,13 @@ hosts), in rounds that alternate the commands:
 
 with medians of the rounds, the sweep/floor ratio, per-host cost and the peak memory
 of the controller's processes during the sweep (the sum over its process tree,
-sampled). This is a script, not a test: nothing here asserts a time.
+sampled). Beside these, the steady sweep as the long-running loop does it
+(`reconcile --interval`, what runs in production): a cycle's duration as the loop's
+own metric gpufleet_reconcile_cycle_duration_seconds reports it, once the first
+cycle (which pays the start-up: Python, the imports, hashing the project) is over;
+as many rounds again of the probe and the floor alternate with its cycles, run
+while it sleeps, and count in their medians. This is a script, not a test: nothing
+here asserts a time.
 
 Onboarding every node costs about a minute of this machine's time per node (50 nodes:
 over an hour on 2 cores). With --copies only the first node is onboarded; the others
@@ -44,13 +50,18 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import resource
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -177,20 +188,86 @@ def floor_table(
         for attempt in range(rounds):
             for key, command in commands.items():
                 runs[key].append(run(f"{key} over {size} nodes, round {attempt + 1}", command))
-        rows.append((size, forks, {k: _median(v) for k, v in runs.items()}))
+        # Then the loop (it holds the inventory's lock: no --once beside it), its
+        # cycles alternating with more rounds of the probe and the floor, run while it
+        # sleeps. A cycle of 5 nodes takes about 1.5 s and the probe and floor about 3
+        # s: the interval leaves room for both at every size.
+        cycles: list[float] = []
+        loop = [arg for arg in reconcile if arg != "--once"]
+        interval = max(10.0, 0.8 * size)
+        with _loop([*loop, "--limit", subset, "--forks", forks], interval) as next_cycle:
+            next_cycle()  # the first cycle pays the start-up: not the steady sweep
+            for attempt in range(rounds):
+                for key in ("probe", "floor"):
+                    label = f"{key} over {size} nodes, loop round {attempt + 1}"
+                    runs[key].append(run(label, commands[key]))
+                cycles.append(next_cycle())
+                print(f"  loop cycle over {size} nodes: {cycles[-1]:.2f} s", file=sys.stderr)
+        rows.append((size, forks, {k: _median(v) for k, v in runs.items()}, cycles))
     lines = [
         f"\nsweep against its floor ({rounds} rounds each, medians; forks as the runner's)",
-        f"{'nodes':>5} {'forks':>5} {'sweep s':>8} {'probe s':>8} {'floor s':>8} "
-        f"{'sweep/floor':>11} {'sweep/h s':>9} {'cpu/h s':>8} {'peak MiB':>8}",
+        f"{'nodes':>5} {'forks':>5} {'sweep s':>8} {'loop s':>8} {'probe s':>8} {'floor s':>8} "
+        f"{'sweep/floor':>11} {'loop/floor':>10} {'sweep/h s':>9} {'cpu/h s':>8} {'peak MiB':>8}",
     ]
-    for size, forks, m in rows:
+    for size, forks, m, cycles in rows:
         sweep, probe, floor = m["sweep"], m["probe"], m["floor"]
+        cycle = statistics.median(cycles)
         lines.append(
-            f"{size:>5} {forks:>5} {sweep.wall:8.2f} {probe.wall:8.2f} {floor.wall:8.2f} "
-            f"{sweep.wall / floor.wall:10.2f}x {sweep.wall / size:9.3f} {sweep.cpu / size:8.3f} "
-            f"{sweep.peak_rss / 2**20:8.0f}"
+            f"{size:>5} {forks:>5} {sweep.wall:8.2f} {cycle:8.2f} {probe.wall:8.2f} "
+            f"{floor.wall:8.2f} {sweep.wall / floor.wall:10.2f}x {cycle / floor.wall:9.2f}x "
+            f"{sweep.wall / size:9.3f} {sweep.cpu / size:8.3f} {sweep.peak_rss / 2**20:8.0f}"
         )
     return lines
+
+
+@contextmanager
+def _loop(command: list[str], interval: float) -> Iterator[Callable[[], float]]:
+    """Run the reconcile loop; yields a function that waits for its next cycle to end
+    and returns that cycle's duration, read from the loop's own metrics."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = subprocess.Popen(
+        [*command, "--interval", str(interval), "--metrics-port", str(port)],
+        cwd=PROJECT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    seen = (0.0, 0.0)
+
+    def next_cycle() -> float:
+        nonlocal seen
+        deadline = time.monotonic() + interval * 2 + 120
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                sys.exit(f"the reconcile loop exited {proc.returncode}: {' '.join(command)}")
+            now = _cycle_metrics(port)
+            if now is not None and now[0] > seen[0]:
+                duration, seen = now[1] - seen[1], now
+                return duration
+            time.sleep(0.1)
+        sys.exit(f"the reconcile loop finished no cycle in time: {' '.join(command)}")
+
+    try:
+        yield next_cycle
+    finally:
+        proc.terminate()
+        proc.wait(timeout=120)
+
+
+def _cycle_metrics(port: int) -> tuple[float, float] | None:
+    """(cycles, seconds) so far from the loop's metrics; None before it serves them."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as reply:
+            text = reply.read().decode()
+    except OSError:
+        return None
+    values = dict(
+        re.findall(r"^gpufleet_reconcile_cycle_duration_seconds_(count|sum) (\S+)$", text, re.M)
+    )
+    if len(values) < 2:
+        return None
+    return float(values["count"]), float(values["sum"])
 
 
 def _median(runs: list[Run]) -> Run:
