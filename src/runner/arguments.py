@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from runner import __version__
-from runner.engine import STAGES
+from runner.engine import DEFAULT_HOSTS, STAGES
 
 EXIT_TEXT = """exit codes: 0 done (fleet converged, or nothing to do); 1 a host failed, is
 unreachable, quarantined or waiting for a reboot, or a rollout halted; 2 bad
@@ -106,7 +106,14 @@ def _common() -> argparse.ArgumentParser:
 def _acting() -> argparse.ArgumentParser:
     """Options of the commands that run Ansible (reconcile, plan)."""
     acting = argparse.ArgumentParser(add_help=False)
-    acting.add_argument("-l", "--limit", help="Ansible host pattern: only these hosts")
+    acting.add_argument(
+        "--hosts",
+        default=os.environ.get("GPUFLEET_HOSTS", DEFAULT_HOSTS),
+        metavar="PATTERN",
+        help="the hosts gpufleet manages, an Ansible host pattern; no other host of the "
+        "inventory is contacted (default $GPUFLEET_HOSTS, else the group %(default)s)",
+    )
+    acting.add_argument("-l", "--limit", help="Ansible host pattern: only these hosts (of --hosts)")
     acting.add_argument(
         "--components",
         type=_components,

@@ -28,7 +28,7 @@ import yaml
 
 from runner import show
 from runner.arguments import build_parser
-from runner.engine import AnsibleEngine, EngineError
+from runner.engine import DEFAULT_HOSTS, AnsibleEngine, EngineError
 from runner.lock import InventoryLock, LockHeld
 from runner.reconcile import (
     CycleReport,
@@ -123,7 +123,9 @@ def _inventory(args: argparse.Namespace, state_dir: Path) -> str:
 def _local_inventory(base: Path, node: str) -> str:
     ensure_private_dir(base)
     path = base / "local-inventory.yml"
-    data = {"all": {"hosts": {node: {"ansible_connection": "local"}}}}
+    data = {
+        "all": {"children": {DEFAULT_HOSTS: {"hosts": {node: {"ansible_connection": "local"}}}}}
+    }
     text = yaml.safe_dump(data)
     if not path.exists() or path.read_text() != text:
         tmp = path.with_suffix(".tmp")
@@ -212,6 +214,7 @@ def _run_cycle(args: argparse.Namespace) -> int:
                 keep_runs=args.keep_runs,
                 forks=args.forks,
                 extravars={"ansible_connection": "local"} if args.local else None,
+                hosts=args.hosts,
                 progress=None if args.quiet else _progress,
                 cancel=lambda: stop.urgent,
             )

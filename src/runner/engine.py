@@ -77,6 +77,11 @@ VERDICT_TAG = "verdict"
 FORKS_PER_CPU = 10
 # The inventory's forks for the reconciler's runs (group_vars/all), under --forks.
 FORKS_VARIABLE = "gpufleet_reconcile_forks"
+# The hosts gpufleet manages: the node plays' `hosts:`, an extra var (a play's hosts
+# are templated before any inventory variable is known), the group gpu_nodes unless
+# --hosts names another pattern. Hosts outside it are never contacted.
+HOSTS_VARIABLE = "gpufleet_hosts"
+DEFAULT_HOSTS = "gpu_nodes"
 
 
 class EngineError(Exception):
@@ -170,9 +175,11 @@ class AnsibleEngine:
         extravars: Mapping[str, Any] | None = None,
         progress: ProgressCallback | None = None,
         cancel: Callable[[], bool] | None = None,
+        hosts: str = DEFAULT_HOSTS,
     ) -> None:
         self.project = project
         self.inventory_path = inventory
+        self.hosts = hosts
         self.work_dir = work_dir
         self.keep_runs = keep_runs
         # None: the inventory's FORKS_VARIABLE, else default_forks(hosts of the run).
@@ -200,28 +207,67 @@ class AnsibleEngine:
         }
 
     def inventory(self, limit: str | None = None) -> dict[str, dict[str, Any]]:
-        """Each host's variables (those of `--limit` only), as `ansible-inventory --list`
-        gives them: read in this process where it reads alike, else by running it."""
-        env = self._env()
-        ansible = in_process.ansible(env, self.project)
-        if ansible is None:
-            hostvars = self._inventory_subprocess(limit)
-        else:
-            try:
-                hostvars = ansible.hostvars(env, self.inventory_path, self.project, limit)
-            except in_process.Unreadable as error:
-                raise EngineError(
-                    f"inventory {self.inventory_path} cannot be read: {error}"
-                ) from None
-        if limit and not hostvars:
+        """The variables of each host gpufleet manages (`self.hosts`; of those, `limit`'s
+        only), as `ansible-inventory --list` gives them. An inventory with no host at
+        all is an empty fleet; one whose hosts are none of those is an error."""
+        hostvars = self._read(limit, self.hosts)
+        if not hostvars and (limit or self._read(None, "all")):
+            raise EngineError(self._none_managed(limit))
+        set_there = sorted(
+            host
+            for host, values in hostvars.items()
+            if values.get(HOSTS_VARIABLE, self.hosts) != self.hosts
+        )
+        if set_there:
             raise EngineError(
-                f"--limit {limit!r} matches no host of inventory {self.inventory_path}"
+                f"{HOSTS_VARIABLE} is set in inventory {self.inventory_path} (on "
+                f"{', '.join(set_there[:3])}{' ...' if len(set_there) > 3 else ''}), where "
+                "it cannot choose the plays' hosts: remove it there and give the pattern "
+                f"as --hosts (now {self.hosts!r})"
             )
         self._inventory_forks = inventory_forks(hostvars)
         return hostvars
 
-    def _inventory_subprocess(self, limit: str | None = None) -> dict[str, dict[str, Any]]:
-        command = [self._binary("ansible-inventory"), "-i", self.inventory_path, "--list"]
+    def _read(self, limit: str | None, pattern: str) -> dict[str, dict[str, Any]]:
+        """The variables of the hosts of `pattern` and `limit`: read in this process
+        where it reads alike, else by running Ansible."""
+        env = self._env()
+        ansible = in_process.ansible(env, self.project)
+        if ansible is None:
+            return self._inventory_subprocess(limit, pattern)
+        try:
+            return ansible.hostvars(env, self.inventory_path, self.project, limit, pattern)
+        except in_process.Unreadable as error:
+            raise EngineError(f"inventory {self.inventory_path} cannot be read: {error}") from None
+
+    def _none_managed(self, limit: str | None) -> str:
+        where = f"inventory {self.inventory_path}"
+        if limit:
+            return (
+                f"--limit {limit!r} matches no host gpufleet manages in {where} (the hosts "
+                f"of {self.hosts!r}: --hosts PATTERN names others)"
+            )
+        return (
+            f"no host of {where} is in {self.hosts!r}, the hosts gpufleet manages: put the "
+            f"GPU nodes in a group {DEFAULT_HOSTS}, or name them with --hosts PATTERN"
+        )
+
+    def _inventory_subprocess(self, limit: str | None, pattern: str) -> dict[str, dict[str, Any]]:
+        data = json.loads(self._ansible_output(["ansible-inventory", "--list"], limit))
+        hostvars: dict[str, dict[str, Any]] = data.get("_meta", {}).get("hostvars", {})
+        names: set[str] = set(hostvars)
+        for group in data.values():
+            if isinstance(group, Mapping):
+                names.update(group.get("hosts", []))
+        # Of those --limit leaves, the managed hosts, as ansible-playbook's plays get them
+        # (with a --limit matching none of them, `ansible --list-hosts` would fail).
+        matched = self._ansible_output(["ansible", pattern, "--list-hosts"], None)
+        managed = {line.strip() for line in matched.splitlines()[1:]} - {""}
+        return {name: hostvars.get(name, {}) for name in sorted(names & managed)}
+
+    def _ansible_output(self, command: list[str], limit: str | None) -> str:
+        """The output of an Ansible command that reads the inventory only."""
+        command = [self._binary(command[0]), *command[1:], "-i", self.inventory_path]
         if limit:
             command += ["--limit", limit]
         proc = subprocess.run(
@@ -238,13 +284,7 @@ class AnsibleEngine:
                 f"inventory {self.inventory_path} cannot be read: "
                 + (" ".join(errors) or proc.stderr.strip())
             )
-        data = json.loads(proc.stdout)
-        hostvars: dict[str, dict[str, Any]] = data.get("_meta", {}).get("hostvars", {})
-        names: set[str] = set(hostvars)
-        for group in data.values():
-            if isinstance(group, Mapping):
-                names.update(group.get("hosts", []))
-        return {name: hostvars.get(name, {}) for name in sorted(names)}
+        return proc.stdout
 
     def desired_hashes(self, hostvars: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
         # The project is hashed again only when a file of it changed (or came or went).
@@ -274,7 +314,7 @@ class AnsibleEngine:
             limit=",".join(hosts),
             forks=self.forks or self._inventory_forks or default_forks(len(hosts)),
             cmdline=" ".join([*cmdline, "--skip-tags", VERDICT_TAG]),
-            extravars={**self.extravars, **(extravars or {})},
+            extravars={HOSTS_VARIABLE: self.hosts, **self.extravars, **(extravars or {})},
             envvars=self._env(),
             rotate_artifacts=self.keep_runs,
             quiet=True,

@@ -108,11 +108,17 @@ class _InProcessAnsible:
         return ""
 
     def hostvars(
-        self, env: Mapping[str, str], inventory: str, project: Path, limit: str | None
+        self,
+        env: Mapping[str, str],
+        inventory: str,
+        project: Path,
+        limit: str | None,
+        pattern: str = "all",
     ) -> dict[str, dict[str, Any]]:
         """What the engine read from `ansible-inventory -i INVENTORY --list [--limit
-        LIMIT]` run in `project`: each host's variables, magic ones left out. Warnings
-        stay out of the output (ansible-inventory's went unread) but explain an error."""
+        LIMIT]` run in `project`: the variables of each host of `pattern` (as a play of
+        those hosts gets them), magic ones left out. Warnings stay out of the output
+        (ansible-inventory's went unread) but explain an error."""
         api = self.api
         source = inventory  # as the CLI takes -i: a host list, else a path
         if "," not in source:
@@ -123,7 +129,7 @@ class _InProcessAnsible:
             api.DeferredWarningContext(variables={}) as warnings,
         ):
             try:
-                return _read_hostvars(api, source, str(project), limit)
+                return _read_hostvars(api, source, str(project), limit, pattern)
             except Exception as error:  # ansible-inventory fails on any, in words
                 words = str(error) if isinstance(error, api.AnsibleError) else repr(error)
                 said = [
@@ -164,7 +170,7 @@ def _import_ansible() -> SimpleNamespace:
 
 
 def _read_hostvars(
-    api: SimpleNamespace, source: str, basedir: str, limit: str | None
+    api: SimpleNamespace, source: str, basedir: str, limit: str | None, pattern: str
 ) -> dict[str, dict[str, Any]]:
     # As InventoryCLI.run and json_inventory do: the loader's base directory is the
     # working directory there (playbook-adjacent group_vars are read from it).
@@ -177,7 +183,7 @@ def _read_hostvars(
         inventory.subset(limit)
     internal = api.C.INTERNAL_STATIC_VARS
     hostvars = {}
-    for host in inventory.get_hosts("all"):
+    for host in inventory.get_hosts(pattern):
         values = variables.get_vars(host=host, include_hostvars=False, stage="all")
         hostvars[host.name] = {k: v for k, v in values.items() if k not in internal}
     # Through the JSON ansible-inventory prints: its encoder marks untrusted strings,

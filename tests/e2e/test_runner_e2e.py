@@ -117,7 +117,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     work = tmp_path_factory.mktemp("e2e")
     inventory = start_fleet(work, NODES)
     # A host whose node does not exist: unreachable from the first cycle on.
-    (inventory / "gone.yml").write_text(f"all:\n  hosts:\n    {GONE}:\n")
+    (inventory / "gone.yml").write_text(f"gpu_nodes:\n  hosts:\n    {GONE}:\n")
     # A short wait for apt's locks, for the test that holds one (the default is 120 s).
     (inventory / "apt.yml").write_text("all:\n  vars:\n    gpufleet_apt_lock_timeout: 10\n")
     try:

@@ -60,7 +60,8 @@ def render(tmp_path: Path, *flags: str, exporter_mode: str = "cluster", **variab
             "test_stages": stages,
             "ansible_python_interpreter": sys.executable,
         }
-    (play_dir / "hosts.yml").write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
+    inventory = {"all": {"children": {"gpu_nodes": {"hosts": hosts}}}}
+    (play_dir / "hosts.yml").write_text(yaml.safe_dump(inventory))
     out = tmp_path / "out"
     extra = {"k8s_manifests_render_dir": str(out), **variables}
     rc, report = run_ansible(

@@ -36,7 +36,7 @@ def test_report_play_runs_and_fails_the_run_when_every_node_failed(tmp_path: Pat
     inventory.write_text(
         json.dumps(
             {
-                "all": {
+                "gpu_nodes": {
                     "hosts": {
                         "gpu-1": {"driver_stage": FAILED},
                         "gpu-2": {"driver_stage": dict(FAILED, reason="reboot timed out")},

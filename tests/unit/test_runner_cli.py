@@ -114,7 +114,7 @@ def test_json_is_one_cycles_report(capsys, state):
 def test_a_wrong_rollout_policy_in_the_inventory_is_refused_naming_it(capsys, state, tmp_path):
     inventory = tmp_path / "hosts.yml"
     inventory.write_text(
-        "all:\n  hosts:\n    gpu-1:\n      ansible_host: 192.0.2.1\n"
+        "gpu_nodes:\n  hosts:\n    gpu-1:\n      ansible_host: 192.0.2.1\n"
         "      gpufleet_rollout_max_unavailable: 0\n"
     )
     code, _, err = run(
@@ -166,12 +166,32 @@ def test_unparsable_inventory_is_an_error_in_words(capsys, state, tmp_path):
 
 def test_a_limit_that_matches_no_host_is_an_error_naming_it(capsys, state, tmp_path):
     inventory = tmp_path / "hosts.yml"
-    inventory.write_text("all:\n  hosts:\n    gpu-1:\n")
+    inventory.write_text("gpu_nodes:\n  hosts:\n    gpu-1:\n")
     code, _, err = run(
         capsys, "plan", "--limit", "no-such-host", "-i", str(inventory), "--state-dir", str(state)
     )
     assert code == cli.Exit.USAGE
-    assert f"--limit 'no-such-host' matches no host of inventory {inventory}" in err
+    assert (
+        f"--limit 'no-such-host' matches no host gpufleet manages in inventory {inventory}" in err
+    )
+
+
+def test_an_inventory_without_the_managed_group_is_an_error_naming_it(capsys, state, tmp_path):
+    """A site's inventory whose GPU nodes are in another group: nothing is contacted,
+    and the error says how to name them."""
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(
+        "dgx:\n  hosts:\n    gpu-1:\n      gpufleet_rollout_max_unavailable: 0\n"
+        "web:\n  hosts:\n    www-1:\n"
+    )
+    where = ["-i", str(inventory), "--state-dir", str(state)]
+    code, _, err = run(capsys, "reconcile", "--once", *where)
+    assert code == cli.Exit.USAGE
+    assert f"no host of inventory {inventory} is in 'gpu_nodes', the hosts gpufleet manages" in err
+    # Named with --hosts, the group's host is read (and its bad policy found); www-1 not.
+    code, _, err = run(capsys, "reconcile", "--once", "--hosts", "dgx", *where)
+    assert code == cli.Exit.USAGE
+    assert "gpufleet_rollout_max_unavailable on host gpu-1: expected a positive integer" in err
 
 
 def test_a_second_reconciler_on_the_same_inventory_is_refused(capsys, state):

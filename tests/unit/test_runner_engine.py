@@ -340,7 +340,8 @@ in_process = inventory.ansible
 def read(case, how):
     inventory.ansible = in_process if how == "in_process" else lambda *_: None
     try:
-        hostvars = engine.AnsibleEngine(project, case["inventory"], work).inventory(case["limit"])
+        reader = engine.AnsibleEngine(project, case["inventory"], work, hosts=case["hosts"])
+        hostvars = reader.inventory(case["limit"])
         return {"hostvars": hostvars}
     except engine.EngineError as error:
         return {"error": str(error)}
@@ -396,9 +397,12 @@ def _vaulted(path: Path) -> bool:
     return any("$ANSIBLE_VAULT" in f.read_text() for f in files)
 
 
-# Name -> (inventory, --limit, files written before the read). TMP is a temporary
-# directory; the repository's inventories are named from the project, as -i would.
-_CASES: dict[str, tuple[str, str | None, dict[str, str]]] = {
+# Name -> (inventory, --limit, files written before the read[, --hosts, default all:
+# every host]). TMP is a temporary directory; the repository's inventories are named
+# from the project, as -i would.
+_CASES: dict[
+    str, tuple[str, str | None, dict[str, str]] | tuple[str, str | None, dict[str, str], str]
+] = {
     **{
         path.name: (str(path.relative_to(PROJECT)), None, {})
         for path in sorted((PROJECT / "inventories").iterdir())
@@ -419,6 +423,20 @@ _CASES: dict[str, tuple[str, str | None, dict[str, str]]] = {
     "host-list": ("n5,n6,", None, {}),
     "limit-matching-no-host": ("TMP/site", "no-such-host", {}),
     "limit-from-a-missing-file": ("TMP/site", "@TMP/no-such-file", {}),
+    "managed-hosts": ("TMP/site", None, {}, "gpu_nodes"),
+    "managed-hosts-limited": ("TMP/site", "n3,l1,n1", {}, "gpu_nodes"),
+    "managed-hosts-a-pattern": ("TMP/site", None, {}, "gpu_nodes:!t4"),
+    "managed-hosts-none": ("TMP/site", None, {}, "dgx"),
+    "limit-outside-the-managed-hosts": ("TMP/site", "l1", {}, "gpu_nodes"),
+    "managed-hosts-named-in-the-inventory": (
+        "TMP/named",
+        None,
+        {
+            "TMP/named/hosts.yml": "gpu_nodes:\n  hosts:\n    n7:\n",
+            "TMP/named/group_vars/all.yml": "gpufleet_hosts: dgx\n",
+        },
+        "gpu_nodes",
+    ),
     "unparsable": ("TMP/bad.yml", None, {"TMP/bad.yml": "all:\n  hosts: [unclosed\n"}),
     "missing": ("TMP/missing.yml", None, {}),
 }
@@ -434,8 +452,9 @@ def compared(tmp_path_factory: pytest.TempPathFactory) -> dict:
             "inventory": inventory.replace("TMP", tmp),
             "limit": limit and limit.replace("TMP", tmp),
             "write": {path.replace("TMP", tmp): text for path, text in files.items()},
+            "hosts": hosts[0] if hosts else "all",
         }
-        for inventory, limit, files in _CASES.values()
+        for inventory, limit, files, *hosts in _CASES.values()
     ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
     env["PYTHONPATH"] = os.pathsep.join([str(PROJECT / "src"), env.get("PYTHONPATH", "")])
@@ -490,4 +509,24 @@ def test_an_unreadable_inventory_is_an_error_in_ansibles_words(compared):
     assert error.startswith("inventory ") and " cannot be read: No inventory was parsed" in error
     assert "Failed to parse inventory with 'yaml' plugin: YAML parsing failed" in error
     error = compared["results"]["limit-matching-no-host"]["in_process"]["error"]
-    assert error.startswith("--limit 'no-such-host' matches no host of inventory ")
+    assert error.startswith("--limit 'no-such-host' matches no host gpufleet manages in ")
+
+
+def test_only_the_managed_hosts_are_read(compared):
+    """The hosts of --hosts (the group gpu_nodes by default), of those --limit leaves;
+    a site's other hosts (bare, the login node l1) are not among them."""
+    results = compared["results"]
+    assert list(results["managed-hosts"]["in_process"]["hostvars"]) == ["n1", "n2", "n3"]
+    assert list(results["managed-hosts-limited"]["in_process"]["hostvars"]) == ["n1", "n3"]
+    assert list(results["managed-hosts-a-pattern"]["in_process"]["hostvars"]) == ["n1", "n2"]
+    error = results["managed-hosts-none"]["in_process"]["error"]
+    assert error.startswith("no host of inventory ") and " is in 'dgx', the hosts gpufleet" in error
+    assert "put the GPU nodes in a group gpu_nodes, or name them with --hosts PATTERN" in error
+    error = results["limit-outside-the-managed-hosts"]["in_process"]["error"]
+    assert error.startswith("--limit 'l1' matches no host gpufleet manages in inventory ")
+    assert error.endswith("(the hosts of 'gpu_nodes': --hosts PATTERN names others)")
+    # A play's hosts are chosen before inventory variables exist: set there, it would
+    # be silently ignored by ansible-playbook.
+    error = results["managed-hosts-named-in-the-inventory"]["in_process"]["error"]
+    assert error.startswith("gpufleet_hosts is set in inventory ") and "(on n7)" in error
+    assert error.endswith("give the pattern as --hosts (now 'gpu_nodes')")

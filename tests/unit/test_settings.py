@@ -311,14 +311,14 @@ def test_a_mig_layout_must_be_one_of_the_file_it_is_read_from(tmp_path):
     assert _check("mig", mig_config="", mig_config_file=missing) == []
 
 
-def test_the_cluster_side_names_hosts_of_the_inventory():
+def test_the_cluster_side_names_hosts_gpufleet_manages():
     options = _options("k8s_manifests")
     values = {"k8s_manifests_hosts": ["gpu-1", "gpu-9"]}
-    assert settings.check(options, values, inventory_hosts={"gpu-1", "gpu-2"}) == [
-        "k8s_manifests_hosts: expected hosts of the inventory (or empty: all of them), got "
-        "'gpu-9', which the inventory does not have."
+    assert settings.check(options, values, managed_hosts={"gpu-1", "gpu-2"}) == [
+        "k8s_manifests_hosts: expected hosts gpufleet manages (of gpufleet_hosts, default the "
+        "group gpu_nodes; or empty: all of them), got 'gpu-9', which are not among them."
     ]
-    assert settings.check(options, {"k8s_manifests_hosts": []}, inventory_hosts=set()) == []
+    assert settings.check(options, {"k8s_manifests_hosts": []}, managed_hosts=set()) == []
 
 
 def test_site_checks_every_stage_first():
@@ -336,7 +336,7 @@ def test_one_bad_host_stops_the_run_before_any_play_touches_a_host(tmp_path):
     inventory.write_text(
         yaml.safe_dump(
             {
-                "all": {
+                "gpu_nodes": {
                     "vars": {
                         "ansible_connection": "local",
                         "ansible_python_interpreter": sys.executable,
@@ -375,7 +375,7 @@ def test_a_value_made_from_facts_is_left_to_the_roles_own_check(tmp_path):
     inventory.write_text(
         yaml.safe_dump(
             {
-                "all": {
+                "gpu_nodes": {
                     "vars": {"ansible_connection": "local"},
                     "hosts": {
                         "node": {
@@ -398,7 +398,7 @@ def _inventory(tmp_path, bad):
     inventory.write_text(
         yaml.safe_dump(
             {
-                "all": {
+                "gpu_nodes": {
                     "vars": {
                         "ansible_connection": "local",
                         "ansible_python_interpreter": sys.executable,
@@ -445,3 +445,30 @@ def test_the_reconcilers_settings_pass_refuses_it_too(tmp_path):
     assert list(refused) == ["bad"]
     assert "Settings of bad refused before any change (1)" in refused["bad"]
     assert COLLECTORS_42 in refused["bad"]
+
+
+def test_hosts_outside_the_managed_group_are_never_contacted(tmp_path):
+    """A site's shared inventory: the settings pass (the first play of site.yml) runs on
+    the group gpu_nodes, or on the pattern gpufleet_hosts names; a web server that
+    cannot be reached is in no play, and so no run fails on it."""
+    inventory = tmp_path / "hosts.yml"
+    local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    inventory.write_text(
+        yaml.safe_dump(
+            {
+                "all": {
+                    "children": {
+                        "gpu_nodes": {"hosts": {"gpu-1": local}},
+                        "dgx": {"hosts": {"dgx-1": local}},
+                        "web": {"hosts": {"www-1": {"ansible_host": "192.0.2.1"}}},
+                    }
+                }
+            }
+        )
+    )
+    playbook = str(PROJECT / "playbooks" / "settings.yml")
+    for extra, hosts in (([], {"gpu-1"}), (["-e", "gpufleet_hosts=dgx"], {"dgx-1"})):
+        rc, report = run_ansible("ansible-playbook", "-i", str(inventory), *extra, playbook)
+        assert rc == 0, report
+        assert set(report["stats"]) == hosts
+        assert set(report["plays"][0]["tasks"][0]["hosts"]) == hosts

@@ -90,7 +90,7 @@ OWN_CHECK_CASES = {
     ),
     "k8s_manifests_hosts": (
         {"k8s_manifests_hosts": ["gpu-9"]},
-        "k8s_manifests_hosts: expected hosts of the inventory",
+        "k8s_manifests_hosts: expected hosts gpufleet manages",
     ),
 }
 
@@ -99,7 +99,7 @@ def test_every_check_of_its_own_refuses_a_wrong_value():
     assert set(OWN_CHECK_CASES) == set(settings.OWN_CHECKS)
     options = _every_option()
     for name, (values, words) in OWN_CHECK_CASES.items():
-        found = settings.check(options, values, inventory_hosts={"gpu-1"})
+        found = settings.check(options, values, managed_hosts={"gpu-1"})
         assert any(words in problem for problem in found), (name, found)
 
 

@@ -9,6 +9,7 @@ import os
 from ansible import constants as C
 from ansible.errors import AnsibleError, AnsibleUndefinedVariable
 from ansible.plugins.action import ActionBase
+from ansible.plugins.loader import lookup_loader
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.settings import check
 
@@ -25,7 +26,7 @@ class ActionModule(ActionBase):
             argument_spec={"roles": {"type": "list", "elements": "str", "required": True}}
         )
         found, checked = [], []
-        inventory_hosts = set((task_vars.get("groups") or {}).get("all") or [])
+        managed = self._managed_hosts(task_vars)
         for role in args["roles"]:
             role_dir = self._role_dir(role, task_vars)
             spec = self._load(role_dir, "meta/argument_specs.yml")
@@ -33,7 +34,7 @@ class ActionModule(ActionBase):
             values = self._values(options, self._load(role_dir, "defaults/main.yml"), task_vars)
             # The values as the role will be given them: their kind is judged as written,
             # not as Ansible's argument spec would convert them.
-            found.extend(check(options, values, role_dir, inventory_hosts))
+            found.extend(check(options, values, role_dir, managed))
             checked.append(os.path.basename(role_dir))
         result.update(changed=False, roles=checked, problems=found)
         if found:
@@ -45,6 +46,15 @@ class ActionModule(ActionBase):
         else:
             result["msg"] = f"The settings of {', '.join(checked)} are well-formed."
         return result
+
+    def _managed_hosts(self, task_vars):
+        """The hosts gpufleet manages: those of the pattern gpufleet_hosts (the plays'
+        hosts), all of them, whatever --limit leaves in this run."""
+        pattern = task_vars.get("gpufleet_hosts") or "gpu_nodes"
+        lookup = lookup_loader.get(
+            "inventory_hostnames", loader=self._loader, templar=self._templar
+        )
+        return set(lookup.run([pattern], variables=task_vars))
 
     def _role_dir(self, role, task_vars):
         if "/" in role:

@@ -357,7 +357,7 @@ RULES = {
 OWN_CHECKS = {
     "device_plugin_replicas": "with device_plugin_sharing and device_plugin_mig_strategy",
     "k8s_manifests_tolerations": "field by field, as a Pod spec takes a toleration",
-    "k8s_manifests_hosts": "each one a host of the inventory",
+    "k8s_manifests_hosts": "each one a host gpufleet manages (of gpufleet_hosts)",
 }
 
 # Settings with no form to check beyond their kind: any string is taken as is. Keep this
@@ -445,7 +445,7 @@ def _mig_problems(values, role_dir):
     ]
 
 
-def _dependent_problems(values, role_dir=None, inventory_hosts=None):
+def _dependent_problems(values, role_dir=None, managed_hosts=None):
     """Settings that are only wrong together, or with what they name."""
     found = []
     if values.get("device_plugin_mode") == "host":
@@ -475,21 +475,22 @@ def _dependent_problems(values, role_dir=None, inventory_hosts=None):
         )
         if problem:
             found.append(f"k8s_manifests_tolerations[{index}]: {problem}.")
-    if inventory_hosts is not None:
-        unknown = [h for h in values.get("k8s_manifests_hosts") or [] if h not in inventory_hosts]
+    if managed_hosts is not None:
+        unknown = [h for h in values.get("k8s_manifests_hosts") or [] if h not in managed_hosts]
         if unknown:
             found.append(
-                "k8s_manifests_hosts: expected hosts of the inventory (or empty: all of them), "
-                f"got {', '.join(map(repr, unknown))}, which the inventory does not have."
+                "k8s_manifests_hosts: expected hosts gpufleet manages (of gpufleet_hosts, "
+                "default the group gpu_nodes; or empty: all of them), got "
+                f"{', '.join(map(repr, unknown))}, which are not among them."
             )
     return found + _driver_problems(values) + _mig_problems(values, role_dir)
 
 
-def problems(values, role_dir=None, inventory_hosts=None):
+def problems(values, role_dir=None, managed_hosts=None):
     """One sentence per setting in `values` that has the wrong form.
 
     `role_dir` is the role's directory (for files it ships, such as the MIG layouts),
-    `inventory_hosts` the inventory's host names; without them what they would judge is
+    `managed_hosts` the names of the hosts gpufleet manages; without them what they would judge is
     not looked at."""
     found = []
     for name, value in values.items():
@@ -507,7 +508,7 @@ def problems(values, role_dir=None, inventory_hosts=None):
                 found.append(f"{name}: expected {expected}; {verdict}.")
         elif not verdict:
             found.append(f"{name}: expected {expected}, got {value!r}.")
-    return found + _dependent_problems(values, role_dir, inventory_hosts)
+    return found + _dependent_problems(values, role_dir, managed_hosts)
 
 
 # --- kinds: the value as written, which is what a role is given -------------------------
@@ -616,7 +617,7 @@ def kind_problem(name, option, value):
     return ""
 
 
-def check(options, values, role_dir=None, inventory_hosts=None):
+def check(options, values, role_dir=None, managed_hosts=None):
     """Every problem with one host's settings of one role: `options` its argument spec's,
     `values` the host's (defaults filled in; a variable missing is not looked at).
 
@@ -638,7 +639,7 @@ def check(options, values, role_dir=None, inventory_hosts=None):
         found.extend(validated.error_messages)
         if not validated.error_messages:
             well_typed[name] = validated.validated_parameters[name]
-    return found + problems(well_typed, role_dir, inventory_hosts)
+    return found + problems(well_typed, role_dir, managed_hosts)
 
 
 def coverage(name, option):
