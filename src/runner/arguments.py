@@ -8,7 +8,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from runner import __version__
+from runner import __version__, site
 from runner.engine import DEFAULT_HOSTS, STAGES
 
 EXIT_TEXT = """exit codes: 0 done (fleet converged, or nothing to do); 1 a host failed, is
@@ -146,6 +146,7 @@ def _acting() -> argparse.ArgumentParser:
         help="plan every host once per this many seconds, each at its own offset in "
         "it (default %(default)s)",
     )
+    site.add_options(acting)
     return acting
 
 

@@ -40,6 +40,7 @@ from runner.reconcile import (
     release,
 )
 from runner.rollout import PolicyError
+from runner.site import passed_through
 from runner.state import (
     ClusterStatus,
     HostRecord,
@@ -115,9 +116,13 @@ def find_project() -> Path:
 
 
 def _inventory(args: argparse.Namespace, state_dir: Path) -> str:
+    """The inventory to read: a path from where the runner started (its runs start
+    elsewhere), or a host list (a,b,) as given."""
     if args.inventory is None:
         return _local_inventory(state_dir, args.node_name)
-    return str(args.inventory)
+    if "," in args.inventory:
+        return str(args.inventory)
+    return str(Path(args.inventory).absolute())
 
 
 def _local_inventory(base: Path, node: str) -> str:
@@ -207,17 +212,7 @@ def _run_cycle(args: argparse.Namespace) -> int:
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         with InventoryLock(directory), _open_store(directory, args.rebuild_state) as store:
-            engine = AnsibleEngine(
-                project,
-                inventory,
-                directory / "ansible",
-                keep_runs=args.keep_runs,
-                forks=args.forks,
-                extravars={"ansible_connection": "local"} if args.local else None,
-                hosts=args.hosts,
-                progress=None if args.quiet else _progress,
-                cancel=lambda: stop.urgent,
-            )
+            engine = _engine(args, project, inventory, directory, stop)
             once = args.command == "plan" or args.once
             reconciler = Reconciler(
                 engine,
@@ -238,6 +233,25 @@ def _run_cycle(args: argparse.Namespace) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _engine(
+    args: argparse.Namespace, project: Path, inventory: str, directory: Path, stop: Stop
+) -> AnsibleEngine:
+    options, vault = passed_through(args)
+    return AnsibleEngine(
+        project,
+        inventory,
+        directory / "ansible",
+        keep_runs=args.keep_runs,
+        forks=args.forks,
+        extravars={"ansible_connection": "local"} if args.local else None,
+        hosts=args.hosts,
+        options=options,
+        vault_options=vault,
+        progress=None if args.quiet else _progress,
+        cancel=lambda: stop.urgent,
+    )
 
 
 def _observers(args: argparse.Namespace, once: bool) -> list[Observer]:

@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import os
+import shlex
 import subprocess
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from runner import inventory as in_process
+from runner import site
 from runner.runs import (
     CLUSTER_HOST,
     CLUSTER_PROBE_FACT,
@@ -176,10 +178,18 @@ class AnsibleEngine:
         progress: ProgressCallback | None = None,
         cancel: Callable[[], bool] | None = None,
         hosts: str = DEFAULT_HOSTS,
+        options: Sequence[str] = (),
+        vault_options: Sequence[str] = (),
     ) -> None:
+        """`options`: ansible-playbook's for every run (site.passed_through), of which
+        `vault_options` go to the inventory's readers too."""
         self.project = project
         self.inventory_path = inventory
         self.hosts = hosts
+        self.options = list(options)
+        self.vault_options = list(vault_options)
+        # The site's configuration, found once from where the runner started.
+        self._config = site.config_environment(project)
         self.work_dir = work_dir
         self.keep_runs = keep_runs
         # None: the inventory's FORKS_VARIABLE, else default_forks(hosts of the run).
@@ -198,7 +208,7 @@ class AnsibleEngine:
 
     def _env(self) -> dict[str, str]:
         return {
-            "ANSIBLE_CONFIG": str(self.project / "ansible.cfg"),
+            **self._config,
             "ANSIBLE_FORCE_COLOR": "0",
             "ANSIBLE_NOCOLOR": "1",
             # An inventory that does not parse is an error, not an empty fleet.
@@ -232,7 +242,8 @@ class AnsibleEngine:
         """The variables of the hosts of `pattern` and `limit`: read in this process
         where it reads alike, else by running Ansible."""
         env = self._env()
-        ansible = in_process.ansible(env, self.project)
+        # Vault secrets are set up by Ansible's command line, not by its inventory API.
+        ansible = None if self.vault_options else in_process.ansible(env, self.project)
         if ansible is None:
             return self._inventory_subprocess(limit, pattern)
         try:
@@ -267,7 +278,13 @@ class AnsibleEngine:
 
     def _ansible_output(self, command: list[str], limit: str | None) -> str:
         """The output of an Ansible command that reads the inventory only."""
-        command = [self._binary(command[0]), *command[1:], "-i", self.inventory_path]
+        command = [
+            self._binary(command[0]),
+            *command[1:],
+            "-i",
+            self.inventory_path,
+            *self.vault_options,
+        ]
         if limit:
             command += ["--limit", limit]
         proc = subprocess.run(
@@ -292,7 +309,8 @@ class AnsibleEngine:
         fingerprint = project_fingerprint(files)
         if self._project_hash is None or self._project_hash[0] != fingerprint:
             self._project_hash = (fingerprint, project_hash(self.project, files))
-        project = self._project_hash[1]
+        # Extra variables (-e) are every host's too.
+        project = self._project_hash[1] + site.extra_vars_digest(self.options)
         return {host: desired_hash(project, values) for host, values in hostvars.items()}
 
     def _run(
@@ -313,7 +331,7 @@ class AnsibleEngine:
             inventory=str(Path(self.inventory_path).resolve()),
             limit=",".join(hosts),
             forks=self.forks or self._inventory_forks or default_forks(len(hosts)),
-            cmdline=" ".join([*cmdline, "--skip-tags", VERDICT_TAG]),
+            cmdline=shlex.join([*cmdline, *self.options, "--skip-tags", VERDICT_TAG]),
             extravars={HOSTS_VARIABLE: self.hosts, **self.extravars, **(extravars or {})},
             envvars=self._env(),
             rotate_artifacts=self.keep_runs,
