@@ -19,11 +19,12 @@ export ANSIBLE_FORCE_COLOR ?= 0
 export NO_COLOR ?= 1
 export PY_COLORS ?= 0
 
-.PHONY: help deps venv docs consumers toolkit migparted image repo fleet fleet-down fleet-status controlplane cluster cluster-down demo test lint unit e2e e2e-mig e2e-rollout molecule molecule-cluster bench clean
+.PHONY: help deps venv dist docs consumers toolkit migparted image repo fleet fleet-down fleet-status controlplane cluster cluster-down demo test lint unit e2e e2e-mig e2e-rollout molecule molecule-cluster bench clean
 
 help:
 	@echo "make demo    start the simulated GPU fleet and run the main job on it"
 	@echo "make test    run lint, unit, e2e tests and molecule scenarios (what CI runs)"
+	@echo "make dist    build the controller's wheel into dist/ (pip install dist/gpufleet-*.whl)"
 	@echo "make fleet | fleet-status | fleet-down | cluster | cluster-down | lint | unit | e2e | e2e-mig | e2e-rollout | molecule | bench | docs | clean"
 
 deps:
@@ -36,6 +37,12 @@ $(VENV)/.installed: pyproject.toml
 	@touch $@
 
 venv: deps $(VENV)/.installed
+
+# The controller as one wheel: the runner with the playbooks, roles and collection it
+# runs. Installing it needs Python 3.11+ and pip, nothing of the simulated fleet's.
+dist: $(VENV)/.installed
+	$(BIN)/python -m pip wheel -q --no-deps -w dist .
+	@ls dist/gpufleet-*.whl
 
 image: venv
 	@$(FLEET) image

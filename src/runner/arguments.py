@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +55,7 @@ def _components(text: str) -> tuple[str, ...]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m runner",
+        prog="gpufleet" if Path(sys.argv[0]).name == "gpufleet" else "python -m runner",
         description="Keep a fleet of NVIDIA GPU nodes converged.",
         epilog=EXIT_TEXT,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -191,7 +192,7 @@ def _reconcile(rec: argparse.ArgumentParser) -> None:
 
 
 def _others(sub: Any, common: argparse.ArgumentParser, acting: argparse.ArgumentParser) -> None:
-    """plan, status, history, release."""
+    """plan, status, history, release, version."""
     plan = sub.add_parser(
         "plan", parents=[common, acting], help="what would change, with diffs", epilog=EXIT_TEXT
     )
@@ -213,3 +214,5 @@ def _others(sub: Any, common: argparse.ArgumentParser, acting: argparse.Argument
         "release", parents=[common], help="clear a host's quarantine or halted rollout"
     )
     rel.add_argument("hosts", nargs="+", metavar="HOST")
+
+    sub.add_parser("version", help="the version, and where the playbooks it runs come from")

@@ -26,7 +26,7 @@ from types import FrameType
 
 import yaml
 
-from runner import show
+from runner import __version__, show
 from runner.arguments import build_parser
 from runner.engine import DEFAULT_HOSTS, AnsibleEngine, EngineError
 from runner.lock import InventoryLock, LockHeld
@@ -63,6 +63,8 @@ class Exit(IntEnum):
 
 # The checkout this package lives in, when installed editable (`make venv`).
 CHECKOUT = Path(__file__).resolve().parents[2]
+# The playbooks, roles and collection an installed wheel carries (pyproject.toml).
+PACKAGED = Path(__file__).resolve().parent / "project"
 log = logging.getLogger("runner")
 
 
@@ -100,29 +102,41 @@ def _setup_logging(fmt: str, quiet: bool) -> None:
 
 
 def find_project() -> Path:
-    """The gpufleet checkout whose playbooks the reconciler runs: $GPUFLEET_PROJECT if
-    set, else the checkout of an editable install, else the working directory (a
-    node's /opt/gpufleet in pull mode, where the package is installed from it)."""
+    """Where the playbooks the reconciler runs are (see project_source)."""
+    return project_source()[0]
+
+
+def project_source() -> tuple[Path, str]:
+    """The playbooks, roles and collection the reconciler runs, and what they are:
+    $GPUFLEET_PROJECT if set, else the checkout of an editable install, else the
+    installed package's own copy, else the working directory (a checkout)."""
     named = os.environ.get("GPUFLEET_PROJECT")
-    places = [Path(named)] if named else [CHECKOUT, Path.cwd()]
-    for place in places:
+    places = (
+        [(Path(named), "$GPUFLEET_PROJECT")]
+        if named
+        else [(CHECKOUT, "checkout"), (PACKAGED, "installed package"), (Path.cwd(), "checkout")]
+    )
+    for place, what in places:
         if (place / "site.yml").is_file() and (place / "playbooks").is_dir():
-            return place.resolve()
-    where = f"$GPUFLEET_PROJECT={named}" if named else f"{CHECKOUT} or {Path.cwd()}"
+            return place.resolve(), what
+    where = f"$GPUFLEET_PROJECT={named}" if named else f"{CHECKOUT}, {PACKAGED} or {Path.cwd()}"
     raise UsageError(
-        f"no gpufleet checkout (site.yml and playbooks/) at {where}: run from the "
-        "checkout or set GPUFLEET_PROJECT to it"
+        f"no gpufleet playbooks (site.yml and playbooks/) at {where}: install the "
+        "package, run from a checkout or set GPUFLEET_PROJECT to one"
     )
 
 
+def cmd_version() -> int:
+    project, what = project_source()
+    print(f"gpufleet {__version__}")
+    print(f"playbooks: {project} ({what})")
+    return Exit.OK
+
+
 def _inventory(args: argparse.Namespace, state_dir: Path) -> str:
-    """The inventory to read: a path from where the runner started (its runs start
-    elsewhere), or a host list (a,b,) as given."""
     if args.inventory is None:
         return _local_inventory(state_dir, args.node_name)
-    if "," in args.inventory:
-        return str(args.inventory)
-    return str(Path(args.inventory).absolute())
+    return str(args.inventory)
 
 
 def _local_inventory(base: Path, node: str) -> str:
@@ -339,6 +353,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Parse `argv` (default: sys.argv[1:]) and run; returns the process exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "version":
+        try:
+            return cmd_version()
+        except UsageError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return Exit.USAGE
     _setup_logging(args.log_format, args.quiet)
     try:
         if args.inventory is not None:

@@ -68,7 +68,15 @@ log = logging.getLogger("runner")
 
 # What the project's playbooks and roles are made of: their hash is part of every
 # host's desired state, so editing a role makes every host due for a plan.
-PROJECT_PARTS = ("site.yml", "playbooks", "roles", "collections", "ansible.cfg")
+# The same in a checkout and in the installed package (runner/project): the collection,
+# not the execution environment's build files beside it.
+PROJECT_PARTS = (
+    "site.yml",
+    "playbooks",
+    "roles",
+    "collections/ansible_collections",
+    "ansible.cfg",
+)
 # The tag of playbooks/report.yml's verdict, which fails the run once (on whichever
 # host comes first) for a stage that failed anywhere: it says nothing about that
 # host, and the runner reads each stage's outcome itself, so its runs skip it.

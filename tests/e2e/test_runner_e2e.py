@@ -738,3 +738,54 @@ def test_pull_mode_the_node_converges_itself_through_the_shipped_units(fleet: Fl
     history = fleet.on_node(node, "sh", "-c", f"{local} history --local --json")
     kinds = [(e["kind"], e["component"]) for e in json.loads(history.stdout)]
     assert ("corrective", "exporter") in kinds, kinds
+
+
+# -- an installed controller at a site ----------------------------------------------
+
+
+def test_an_installed_controller_runs_from_a_site_with_the_sites_own_ansible(
+    fleet: Fleet, tmp_path: Path
+):
+    """gpufleet installed from its wheel into a virtualenv of its own, run from a
+    directory holding only the site's inventory and ansible.cfg, no checkout in
+    sight: the playbooks are the package's, Ansible logs where the site's ansible.cfg
+    says, the fleet's bastion-like ProxyCommand works from inventory variables alone,
+    and a web server in the site's inventory (no node behind it) is never contacted."""
+    wheels = _wheelhouse()  # the pinned dependencies, offline
+    offline = ["--no-index", "--find-links", str(wheels)]
+    dist, venv, site = tmp_path / "dist", tmp_path / "venv", tmp_path / "site"
+    pip_wheel = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", *offline]
+    subprocess.run([*pip_wheel, "-w", str(dist), str(PROJECT)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    (wheel,) = dist.glob("gpufleet-*.whl")
+    subprocess.run([str(venv / "bin" / "pip"), "install", "-q", *offline, str(wheel)], check=True)
+
+    (site / "inventory").mkdir(parents=True)
+    hosts = yaml.safe_load((fleet.inventory / "hosts.yml").read_text())
+    hosts["all"]["children"]["web"] = {"hosts": {"web-1": {"ansible_host": "192.0.2.10"}}}
+    (site / "inventory" / "hosts.yml").write_text(yaml.safe_dump(hosts))
+    shutil.copytree(fleet.inventory / "group_vars", site / "inventory" / "group_vars")
+    (site / "ansible.cfg").write_text("[defaults]\nlog_path = ansible.log\n")
+    ours = str(PROJECT / ".venv")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "GPUFLEET_"))}
+    env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if ours not in p)
+
+    def gpufleet(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [str(venv / "bin" / "gpufleet"), *args]
+        return subprocess.run(
+            command, cwd=site, env=env, capture_output=True, text=True, timeout=900, check=False
+        )
+
+    version = gpufleet("version")
+    assert version.returncode == 0, version.stderr
+    assert f"playbooks: {venv}" in version.stdout, version.stdout
+    assert version.stdout.rstrip().endswith("(installed package)"), version.stdout
+
+    where = ["-i", "inventory", "--state-dir", "state"]
+    plan = gpufleet("plan", *where)
+    assert plan.returncode == 0, plan.stdout + plan.stderr
+    status = gpufleet("status", "--json", *where)
+    assert sorted(h["name"] for h in json.loads(status.stdout)) == sorted(NODES)
+    log = (site / "ansible.log").read_text()
+    assert "Probe each node for drift from its last successful apply" in log
+    assert "e2e-t4" in log and "web-1" not in log and "192.0.2.10" not in log
