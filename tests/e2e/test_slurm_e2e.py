@@ -286,8 +286,9 @@ def test_a_driver_change_waits_in_drain_for_the_job_then_resumes_the_node(fleet:
 def test_a_new_mig_layout_halts_drained_until_slurm_conf_has_its_line(fleet: SlurmFleet):
     """A layout change is disruptive: the node is drained first. Its GRES are new, so
     slurm.conf's line for it is out of date: the rollout halts there, the node left
-    drained, saying the line it needs; with that line in, a release finishes it."""
-    fleet.set_host_vars(MIG, **{**MIG_VARS, "mig_config": "all-1g.5gb"})
+    drained, saying the line it needs; with that line in, a release finishes it. The
+    layout alone is set: the device plugin's MIG strategy follows it (single)."""
+    fleet.set_host_vars(MIG, mig_config="all-1g.5gb")
     result = fleet.reconcile("--once")
     record = fleet.status()[MIG]
     assert record["rollout_phase"] == "halted", result.stdout
@@ -306,4 +307,6 @@ def test_a_new_mig_layout_halts_drained_until_slurm_conf_has_its_line(fleet: Slu
     node = fleet.scontrol(MIG)
     assert node["State"] == "IDLE" and node["Reason"] == "", node
     assert _gres(node) == ["gpu:nvidia_a100_1g.5gb:14"], node
-    assert fleet.status()[MIG]["rollout_phase"] is None
+    record = fleet.status()[MIG]
+    assert record["rollout_phase"] is None
+    assert (record["status"], record["stages"]["device_plugin"]) == ("converged", "ready")

@@ -669,3 +669,17 @@ def test_a_label_value_kubernetes_rejects_is_refused():
     bad["ansible_facts"]["gpufleet"]["labels"]["nvidia.com/gpu.product"] = "Tesla T4 (rev a1)"
     with pytest.raises(AnsibleFilterError, match=r"host t4: label nvidia.com/gpu.product="):
         k8s.k8s_node_labels(bad)
+
+
+def test_the_auto_mig_strategy_follows_the_gpus_as_laid_out():
+    """auto, the default: none without MIG, single where every GPU is of one profile
+    (the layout a new user tried, all-1g.5gb, alone), mixed otherwise."""
+    plain = profile_facts("t4-1")["gpus"]
+    assert k8s.device_plugin_config(plain, "none", 1, "auto", "n")["mig_strategy"] == "none"
+    single = single_mig_host("n")["ansible_facts"]["gpufleet"]["gpus"]
+    config = k8s.device_plugin_config(single, "none", 1, "auto", "n")
+    assert (config["mig_strategy"], config["name"]) == ("single", "mig-single")
+    several = host("n", "a100-mig", mig="mixed")["ansible_facts"]["gpufleet"]["gpus"]
+    assert k8s.device_plugin_config(several, "none", 1, "auto", "n")["mig_strategy"] == "mixed"
+    one_off = [dict(single[0]), dict(single[1], mig_mode=False, mig_devices=[])]
+    assert k8s.device_plugin_config(one_off, "none", 1, "auto", "n")["mig_strategy"] == "mixed"

@@ -472,3 +472,79 @@ def test_hosts_outside_the_managed_group_are_never_contacted(tmp_path):
         assert rc == 0, report
         assert set(report["stats"]) == hosts
         assert set(report["plays"][0]["tasks"][0]["hosts"]) == hosts
+
+
+def _together(**values):
+    return settings.together(values, str(PROJECT / "roles" / "mig"))
+
+
+@pytest.mark.parametrize(
+    ("layout", "strategy", "refusal"),
+    [
+        # The layout alone: the strategy follows it.
+        ("all-1g.5gb", "auto", ""),
+        ("all-balanced", "auto", ""),
+        ("all-disabled", "auto", ""),
+        ("all-1g.5gb", "single", ""),
+        ("all-1g.5gb", "mixed", ""),
+        ("all-balanced", "mixed", ""),
+        ("all-disabled", "none", ""),
+        ("all-disabled", "mixed", ""),
+        (
+            "all-1g.5gb",
+            "none",
+            "device_plugin_mig_strategy: expected single or mixed (or auto, which follows the "
+            "layout) with mig_config 'all-1g.5gb', which enables MIG: with none the device "
+            "plugin would advertise no usable GPU; got 'none'.",
+        ),
+        (
+            "all-balanced",
+            "single",
+            "device_plugin_mig_strategy: expected mixed (or auto, which follows the layout) "
+            "with mig_config 'all-balanced', whose GPUs are not all of one profile (",
+        ),
+        (
+            "all-disabled",
+            "single",
+            "device_plugin_mig_strategy: expected none or mixed (or auto, which follows the "
+            "layout) with mig_config 'all-disabled', which disables MIG; got 'single'.",
+        ),
+    ],
+)
+def test_a_mig_layout_and_the_device_plugins_strategy_are_checked_together(
+    layout, strategy, refusal
+):
+    found = _together(mig_config=layout, device_plugin_mig_strategy=strategy)
+    if not refusal:
+        assert found == []
+    else:
+        assert len(found) == 1 and found[0].startswith(refusal), found
+
+
+def test_mps_sharing_cannot_follow_a_layout_that_enables_mig():
+    found = _together(mig_config="all-1g.5gb", device_plugin_sharing="mps")
+    assert found == [
+        "device_plugin_sharing: mps cannot share MIG devices, and mig_config 'all-1g.5gb' "
+        "enables MIG; expected none or time-slicing there."
+    ]
+    assert _together(mig_config="all-1g.5gb", device_plugin_mode="none") == []
+    assert _together(device_plugin_mig_strategy="single") == [], "no layout: MIG left alone"
+
+
+def test_the_settings_pass_refuses_a_strategy_that_does_not_fit_the_layout(tmp_path):
+    """The whole pass, as site.yml's first play runs it: a layout with the strategy none
+    is refused on its host, naming both; the layout alone passes."""
+    inventory = _inventory(
+        tmp_path, {"mig_config": "all-1g.5gb", "device_plugin_mig_strategy": "none"}
+    )
+    document = yaml.safe_load(inventory.read_text())
+    document["gpu_nodes"]["hosts"]["good"] = {"mig_config": "all-1g.5gb"}
+    inventory.write_text(yaml.safe_dump(document))
+    rc, report = run_ansible(
+        "ansible-playbook", "-i", str(inventory), str(PROJECT / "playbooks" / "settings.yml")
+    )
+    assert rc != 0
+    outcome = report["plays"][0]["tasks"][0]["hosts"]
+    assert not outcome["good"].get("failed"), outcome["good"]
+    assert "device_plugin_mig_strategy: expected single or mixed" in outcome["bad"]["msg"]
+    assert "with mig_config 'all-1g.5gb', which enables MIG" in outcome["bad"]["msg"]

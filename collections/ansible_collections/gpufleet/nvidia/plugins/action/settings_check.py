@@ -11,7 +11,7 @@ from ansible.errors import AnsibleError, AnsibleUndefinedVariable
 from ansible.plugins.action import ActionBase
 from ansible.plugins.loader import lookup_loader
 
-from ansible_collections.gpufleet.nvidia.plugins.module_utils.settings import check
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.settings import check, together
 
 
 class ActionModule(ActionBase):
@@ -25,7 +25,7 @@ class ActionModule(ActionBase):
         _, args = self.validate_argument_spec(
             argument_spec={"roles": {"type": "list", "elements": "str", "required": True}}
         )
-        found, checked = [], []
+        found, checked, merged, role_dirs = [], [], {}, {}
         managed = self._managed_hosts(task_vars)
         for role in args["roles"]:
             role_dir = self._role_dir(role, task_vars)
@@ -36,6 +36,12 @@ class ActionModule(ActionBase):
             # not as Ansible's argument spec would convert them.
             found.extend(check(options, values, role_dir, managed))
             checked.append(os.path.basename(role_dir))
+            merged.update(values)
+            role_dirs[role] = role_dir
+        # The stages' settings that only go wrong together (the MIG layout and the
+        # device plugin's MIG strategy), where each was well-formed on its own.
+        if not found:
+            found.extend(together(merged, role_dirs.get("mig")))
         result.update(changed=False, roles=checked, problems=found)
         if found:
             host = task_vars.get("inventory_hostname", "this host")

@@ -252,7 +252,12 @@ def device_plugin_config(gpus, sharing, replicas, mig_strategy, host="node"):
     """The node's device plugin configuration, checked against its GPUs' MIG modes.
 
     `gpus` are gpu_facts' GPUs (mig_mode True/False, or None where the GPU has no MIG).
+    `auto` follows the GPUs as they are (after the MIG stage laid them out): none where
+    no GPU has MIG enabled, single where every GPU has and its devices are of one
+    profile, mixed otherwise.
     """
+    if mig_strategy == "auto":
+        mig_strategy = _strategy_of(gpus)
     try:
         config = k8s.plugin_config(sharing, replicas, mig_strategy, where=host)
     except k8s.K8sInputError as exc:
@@ -280,6 +285,15 @@ def device_plugin_config(gpus, sharing, replicas, mig_strategy, host="node"):
     if problem:
         raise AnsibleFilterError(f"{host}: {problem}")
     return config
+
+
+def _strategy_of(gpus):
+    enabled = [gpu for gpu in gpus if gpu.get("mig_mode") is True]
+    if not enabled:
+        return "none"
+    if len(enabled) == len(gpus) and len(_mig_profiles(gpus)) <= 1:
+        return "single"
+    return "mixed"
 
 
 def device_plugin_config_file(config):

@@ -155,6 +155,18 @@ def parse_config(data: Any) -> dict[str, tuple[Entry, ...]]:
     return layouts
 
 
+def layout_strategy(entries: Sequence[Entry]) -> str:
+    """The device plugin's MIG strategy a layout calls for: none where it enables MIG
+    nowhere, single where every entry enables it with one and the same profile, else
+    mixed (the GPU Operator's default is single; it is the site's to set mixed)."""
+    if not any(entry.mig_enabled for entry in entries):
+        return "none"
+    profiles = {profile for entry in entries for profile in entry.mig_devices}
+    if all(entry.mig_enabled for entry in entries) and len(profiles) == 1:
+        return "single"
+    return "mixed"
+
+
 def select(layouts: Mapping[str, tuple[Entry, ...]], name: str) -> tuple[Entry, ...]:
     if name not in layouts:
         raise MigConfigError(

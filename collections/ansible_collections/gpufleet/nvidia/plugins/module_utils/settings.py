@@ -51,6 +51,7 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_objects import
 )
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.mig_config import (
     MigConfigError,
+    layout_strategy,
     parse_config,
 )
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.openpgp import normalise
@@ -415,8 +416,9 @@ def _driver_problems(values):
     ]
 
 
-def _mig_problems(values, role_dir):
-    """mig_config names a layout of the file the MIG stage reads it from.
+def _mig_layout(values, role_dir):
+    """The layout mig_config names, from the file the MIG stage reads it from, and the
+    problems found reading it: (entries or None, problems).
 
     The file is read where the stage reads it, on the controller: mig_config_file, else
     the role's own files/mig-parted-config.yaml. Whether the layout fits a node's GPUs
@@ -424,24 +426,62 @@ def _mig_problems(values, role_dir):
     name = values.get("mig_config")
     path = values.get("mig_config_file")
     if not name or not _match(_MIG_CONFIG)(name) or not _OPTIONAL_PATH[0](path):
-        return []
+        return None, []
     if not path:
         if role_dir is None:
-            return []
+            return None, []
         path = os.path.join(role_dir, "files", "mig-parted-config.yaml")
     try:
         with open(path, encoding="utf-8") as handle:
             layouts = parse_config(yaml.safe_load(handle))
     except OSError as exc:
-        return [f"mig_config_file: expected a readable file, got {path!r} ({exc.strerror})."]
+        return None, [f"mig_config_file: expected a readable file, got {path!r} ({exc.strerror})."]
     except (yaml.YAMLError, MigConfigError) as exc:
         detail = " ".join(str(exc).split())
-        return [f"mig_config_file: expected a mig-parted config file, got {path!r}: {detail}."]
+        problem = f"mig_config_file: expected a mig-parted config file, got {path!r}: {detail}."
+        return None, [problem]
     if name in layouts:
-        return []
-    return [
+        return layouts[name], []
+    return None, [
         f"mig_config: expected the name of a layout in {path} (or empty: MIG left alone), "
         f"got {name!r}: no layout named {name!r}; the file has: {', '.join(sorted(layouts))}."
+    ]
+
+
+def _mig_problems(values, role_dir):
+    return _mig_layout(values, role_dir)[1]
+
+
+def together(values, mig_role_dir=None):
+    """Settings of different stages that are only wrong together: the MIG layout the mig
+    stage makes and the strategy the device plugin advertises MIG devices with. `auto`
+    (the default) follows the layout; a strategy set by hand must fit it (mixed fits
+    any)."""
+    entries, _ = _mig_layout(values, mig_role_dir)
+    strategy = values.get("device_plugin_mig_strategy", "auto")
+    if entries is None or values.get("device_plugin_mode") == "none":
+        return []
+    name, wanted = values["mig_config"], layout_strategy(entries)
+    if strategy == "auto":
+        if wanted != "none" and values.get("device_plugin_sharing") == "mps":
+            return [
+                f"device_plugin_sharing: mps cannot share MIG devices, and mig_config {name!r} "
+                "enables MIG; expected none or time-slicing there."
+            ]
+        return []
+    if strategy in (wanted, "mixed"):  # mixed advertises MIG devices and whole GPUs alike
+        return []
+    if wanted == "none":
+        why = "which disables MIG"
+    elif strategy == "none":
+        why = "which enables MIG: with none the device plugin would advertise no usable GPU"
+    else:
+        profiles = sorted({p for entry in entries for p in entry.mig_devices})
+        why = f"whose GPUs are not all of one profile ({', '.join(profiles) or 'MIG off on some'})"
+    expected = "mixed" if wanted == "mixed" else f"{wanted} or mixed"
+    return [
+        f"device_plugin_mig_strategy: expected {expected} (or auto, which follows the layout) "
+        f"with mig_config {name!r}, {why}; got {strategy!r}."
     ]
 
 
@@ -464,7 +504,8 @@ def _dependent_problems(values, role_dir=None, managed_hosts=None):
             plugin_config(
                 values["device_plugin_sharing"],
                 values.get("device_plugin_replicas", 1),
-                values.get("device_plugin_mig_strategy", "none"),
+                # auto follows the node's MIG layout: checked with it (together()).
+                _concrete(values.get("device_plugin_mig_strategy", "auto")),
                 where="device plugin",
             )
         except K8sInputError as exc:
@@ -484,6 +525,10 @@ def _dependent_problems(values, role_dir=None, managed_hosts=None):
                 f"{', '.join(map(repr, unknown))}, which are not among them."
             )
     return found + _driver_problems(values) + _mig_problems(values, role_dir)
+
+
+def _concrete(strategy):
+    return "none" if strategy == "auto" else strategy
 
 
 def problems(values, role_dir=None, managed_hosts=None):
