@@ -1,4 +1,5 @@
-"""The pull-mode units are accepted by systemd and start a command the runner accepts."""
+"""The shipped units (pull mode's on a node, the controller's loop) are accepted by
+systemd and start a command the runner accepts."""
 
 from __future__ import annotations
 
@@ -13,11 +14,16 @@ UNITS = PROJECT / "src" / "runner" / "systemd"
 
 
 def test_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
-    # Installed, the units point at /opt/gpufleet; here at this checkout, whose venv
-    # python exists, since verify checks that ExecStart's program does.
+    # Installed, the units point at /opt/gpufleet(-controller); here at this checkout,
+    # whose venv exists, since verify checks that ExecStart's program does.
     for unit in ("gpufleet-reconcile.service", "gpufleet-reconcile.timer"):
         text = (UNITS / unit).read_text().replace("/opt/gpufleet", str(PROJECT))
         (tmp_path / unit).write_text(text)
+    controller = (UNITS / "gpufleet-controller.service").read_text()
+    controller = controller.replace("/opt/gpufleet-controller", str(PROJECT / ".venv"))
+    (tmp_path / "gpufleet-controller.service").write_text(
+        controller.replace("WorkingDirectory=/etc/gpufleet", f"WorkingDirectory={tmp_path}")
+    )
     result = subprocess.run(
         ["systemd-analyze", "verify", *(str(p) for p in sorted(tmp_path.iterdir()))],
         capture_output=True,
@@ -38,3 +44,18 @@ def test_the_service_runs_one_local_cycle() -> None:
     args = cli.build_parser().parse_args(argv[3:])
     assert (args.command, args.local, args.once) == ("reconcile", True, True)
     assert "SuccessExitStatus=130" in service, "a stop after the current batch is no failure"
+
+
+def test_the_controller_service_runs_the_loop_and_is_not_pull_mode() -> None:
+    service = (UNITS / "gpufleet-controller.service").read_text()
+    exec_start = next(line for line in service.splitlines() if line.startswith("ExecStart="))
+    argv = shlex.split(
+        exec_start.removeprefix("ExecStart=").replace("$GPUFLEET_RECONCILE_ARGS", "")
+    )
+    assert argv[0] == "/opt/gpufleet-controller/bin/gpufleet"
+    args = cli.build_parser().parse_args(argv[1:])
+    assert (args.command, args.local, args.once) == ("reconcile", False, False)
+    assert "SuccessExitStatus=130" in service and "Restart=on-failure" in service
+    rules = (PROJECT / "src" / "runner" / "monitoring" / "gpufleet-rules.yml").read_text()
+    assert "systemctl status gpufleet-controller" in rules
+    assert "gpufleet-reconcile" not in rules, "pull mode's unit serves no metrics"
