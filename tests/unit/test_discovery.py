@@ -270,3 +270,24 @@ def test_mig_devices_get_their_capability_files_by_the_gpus_minor_number():
     # A device file not made yet: a job given the device could not open it.
     discovery.mig_cap_files(gpus, MIG_MINORS, lambda path: not path.endswith("cap49"))
     assert [bool(d["cap_files"]) for d in gpus[0]["mig_devices"]] == [True, False, False]
+
+
+PCI_IDS = """# pci.ids, as pciutils and hwdata ship it (an excerpt, names made up)
+10de  NVIDIA Corporation
+\t2330  GH100 [H100 SXM5 80GB]
+\t2bb5  GB202GL [Example Blackwell Board]
+\t\t10de 204e  Example subsystem
+15b3  Mellanox Technologies
+\t2bb5  Not an NVIDIA device
+"""
+
+
+def test_a_gpu_not_in_the_table_is_named_from_the_nodes_pci_ids(tmp_path):
+    _device(tmp_path, "0000:3b:00.0", "0x10de", "0x2bb5", "0x030200", "0")
+    names = pci.pci_ids_names(PCI_IDS)
+    assert names == {0x2330: "GH100 [H100 SXM5 80GB]", 0x2BB5: "GB202GL [Example Blackwell Board]"}
+    (gpu,) = discovery.gpu_list(pci.nvidia_gpus(pci.scan(str(tmp_path))), None, None, None, names)
+    assert (gpu["name"], gpu["name_source"]) == ("GB202GL [Example Blackwell Board]", "pci.ids")
+    assert (gpu["compute_major"], gpu["family"]) == (None, None), "a name, not a generation"
+    (bare,) = discovery.gpu_list(pci.nvidia_gpus(pci.scan(str(tmp_path))), None, None)
+    assert (bare["name"], bare["name_source"]) == (None, None)

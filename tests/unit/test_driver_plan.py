@@ -301,3 +301,60 @@ def test_a_driver_differs_from_the_plan(version, module_type, pinned, expected):
         cuda_repo_base_url=CUDA,
     )
     assert dp.differs(version, module_type, plan) is expected
+
+
+def _gpu(compute, name="NVIDIA B200", device="0x2901"):
+    major, minor = compute if compute else (None, None)
+    return {
+        "pci_address": "0000:1b:00.0",
+        "device_id": device,
+        "name": name,
+        "compute_major": major,
+        "compute_minor": minor,
+    }
+
+
+@pytest.mark.parametrize(
+    ("compute", "branch", "refusal"),
+    [
+        (
+            (10, 0),
+            "535",
+            "driver_branch: 535 does not support GPU 0000:1b:00.0 (NVIDIA B200, "
+            "device 0x2901): Blackwell GPUs (compute 10.0) need branch 570 or newer",
+        ),
+        ((12, 0), "565", "Blackwell GPUs (compute 12.0) need branch 570 or newer"),
+        ((10, 0), "570", ""),
+        ((9, 0), "515", "Hopper GPUs (compute 9.0) need branch 520 or newer"),
+        ((9, 0), "535", ""),
+        ((8, 9), "535", ""),
+        ((8, 6), "450", "Ampere GPUs (compute 8.6) need branch 455 or newer"),
+        ((8, 0), "450", ""),
+        ((7, 5), "470", ""),
+    ],
+)
+def test_a_branch_too_old_for_a_gpu_is_refused_naming_it(compute, branch, refusal):
+    if not refusal:
+        dp.check_gpus(branch, "auto", [_gpu(compute)])
+        return
+    with pytest.raises(dp.PlanError) as raised:
+        dp.check_gpus(branch, "auto", [_gpu(compute)])
+    assert refusal in str(raised.value)
+
+
+def test_auto_does_not_guess_the_module_flavour_of_a_gpu_of_unknown_generation():
+    unknown = _gpu(None, name="GB202GL [Example Blackwell Board]", device="0x2bb5")
+    with pytest.raises(
+        AnsibleFilterError,
+        match=re.escape(
+            "driver_kernel_module_type: auto cannot tell the generation of GPU 0000:1b:00.0 "
+            "(GB202GL [Example Blackwell Board], device 0x2bb5), which gpufleet's table does not "
+            "know: set open"
+        ),
+    ):
+        driver_plan({**facts("debian", "12"), "gpus": [unknown]}, "535", CUDA)
+    # Asked for by name, the flavour is the site's choice.
+    plan = driver_plan(
+        {**facts("debian", "12"), "gpus": [unknown]}, "535", CUDA, module_type="open"
+    )
+    assert plan["module_type"] == "open"

@@ -31,6 +31,7 @@ def driver_plan(
     )
     try:
         dp.validate_request(str(branch), version or "")
+        dp.check_gpus(str(branch), module_type, facts.get("gpus", []))
         resolved = dp.resolve_module_type(module_type, str(branch), computes)
         return dp.plan(
             os_facts.get("id"),

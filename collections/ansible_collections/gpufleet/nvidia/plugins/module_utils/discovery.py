@@ -66,13 +66,28 @@ def driver_facts(
     }
 
 
+def _name_source(
+    row: dict[str, Any],
+    model: gpu_models.GpuModel | None,
+    device: int,
+    pci_names: dict[int, str] | None,
+) -> str | None:
+    if row.get("name"):
+        return "nvml"
+    if model:
+        return "pci-id-table"
+    return "pci.ids" if device in (pci_names or {}) else None
+
+
 def gpu_list(
     pci_gpus: list[PciDevice],
     smi_rows: list[dict[str, Any]] | None,
     smi_xml: dict[str, Any] | None,
     cores: dict[int, int] | None = None,
+    pci_names: dict[int, str] | None = None,
 ) -> list[dict[str, Any]]:
-    """One entry per GPU; names from NVML when the driver answers, else from the id table.
+    """One entry per GPU; names from NVML when the driver answers, else from the id
+    table, else from the node's pci.ids (`pci_names`: a name, but no generation).
     `cores` is cpus.core_indexes' map, for the logical cores local to each GPU."""
     by_bus: dict[str, dict[str, Any]] = {}
     for row in smi_rows or []:
@@ -106,8 +121,9 @@ def gpu_list(
                     {(cores or {})[cpu] for cpu in device.local_cpus if cpu in (cores or {})}
                 ),
                 "bound_driver": device.driver,
-                "name": row.get("name") or (model.name if model else None),
-                "name_source": "nvml" if row.get("name") else ("pci-id-table" if model else None),
+                "name": row.get("name")
+                or (model.name if model else (pci_names or {}).get(device.device)),
+                "name_source": _name_source(row, model, device.device, pci_names),
                 "uuid": row.get("uuid"),
                 # /dev/nvidia<minor_number>, when the driver answers.
                 "minor_number": detail.get("minor_number"),

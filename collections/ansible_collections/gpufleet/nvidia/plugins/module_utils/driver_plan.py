@@ -24,8 +24,57 @@ OPEN_ONLY_MIN_COMPUTE_MAJOR = 10
 OPEN_DEFAULT_BRANCH = 560
 
 
+# The oldest driver branch that runs each GPU generation: the minimum Linux driver of
+# the CUDA release that introduced its compute capability (NVIDIA's CUDA Toolkit
+# release notes, "CUDA Toolkit and Corresponding Driver Versions"): 9.0 >= 384.81,
+# 10.0 >= 410.48, 11.0 >= 450.36.06, 11.1 >= 455.23, 11.8 >= 520.61.05 (Ada, Hopper),
+# 12.8 >= 570.26 (Blackwell, compute 10.0 and 12.0). Newest capability first.
+MIN_BRANCH = (
+    ((10, 0), 570, "Blackwell"),
+    ((9, 0), 520, "Hopper"),
+    ((8, 9), 520, "Ada Lovelace"),
+    ((8, 6), 455, "Ampere"),
+    ((8, 0), 450, "Ampere"),
+    ((7, 5), 410, "Turing"),
+    ((7, 0), 384, "Volta"),
+)
+
+
 class PlanError(ValueError):
     """The requested driver cannot be installed this way; the message says why."""
+
+
+def min_branch(compute):
+    """(oldest branch, generation) for a GPU of compute capability `compute`."""
+    for since, branch, generation in MIN_BRANCH:
+        if compute >= since:
+            return branch, generation
+    return 0, "pre-Volta"
+
+
+def check_gpus(branch, module_type, gpus):
+    """Refuse a branch too old for one of the node's GPUs, and `auto` for a GPU whose
+    generation is unknown (not in gpufleet's table, no driver to ask): naming the GPU.
+
+    `gpus` are gpu_facts' GPUs."""
+    for gpu in gpus:
+        name = gpu.get("name") or "unnamed"
+        where = f"GPU {gpu.get('pci_address')} ({name}, device {gpu.get('device_id')})"
+        if gpu.get("compute_major") is None:
+            if module_type == "auto":
+                raise PlanError(
+                    f"driver_kernel_module_type: auto cannot tell the generation of {where}, "
+                    "which gpufleet's table does not know: set open (Turing and newer, "
+                    "required on Blackwell) or proprietary for this node"
+                )
+            continue
+        compute = (gpu["compute_major"], gpu.get("compute_minor") or 0)
+        oldest, generation = min_branch(compute)
+        if int(branch) < oldest:
+            raise PlanError(
+                f"driver_branch: {branch} does not support {where}: {generation} GPUs "
+                f"(compute {compute[0]}.{compute[1]}) need branch {oldest} or newer"
+            )
 
 
 def resolve_module_type(requested, branch, computes):

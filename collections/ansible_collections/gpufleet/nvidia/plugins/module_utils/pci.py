@@ -90,3 +90,27 @@ def nvidia_gpus(devices: list[PciDevice]) -> list[PciDevice]:
 
 def nvswitches(devices: list[PciDevice]) -> list[PciDevice]:
     return [d for d in devices if d.vendor == NVIDIA_VENDOR and d.base_class == NVSWITCH_CLASS]
+
+
+# Where pciutils (Debian, Ubuntu) and hwdata (RHEL family) keep the PCI ID repository's
+# list of device names.
+PCI_IDS_PATHS = ("/usr/share/misc/pci.ids", "/usr/share/hwdata/pci.ids")
+
+
+def pci_ids_names(text: str, vendor: int = NVIDIA_VENDOR) -> dict[int, str]:
+    """Device id -> name of one vendor's devices, from a pci.ids file's text (a vendor
+    line at the margin, its devices one tab in, their subsystems two tabs in)."""
+    names: dict[int, str] = {}
+    inside = False
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        if not line.startswith("\t"):
+            inside = line[:4].lower() == f"{vendor:04x}"
+            continue
+        if inside and not line.startswith("\t\t"):
+            device, _, name = line[1:].partition("  ")
+            device_id = _hex(device.strip())
+            if device_id is not None and name.strip():
+                names[device_id] = name.strip()
+    return names

@@ -70,7 +70,9 @@ ansible_facts:
           type: int
           sample: 8
         gpus:
-          description: One entry per GPU (PCI address, device id, name, memory in MiB,
+          description: One entry per GPU (PCI address, device id, name and
+            C(name_source) (nvml, pci-id-table, or pci.ids, the node's PCI ID list, for
+            a GPU gpufleet's table lacks: a name without a generation), memory in MiB,
             NUMA node, C(local_cores) (logical indexes of the cores near it), compute
             capability, family, UUID and C(minor_number) when the driver answers; on a
             GPU with MIG C(mig_mode), C(mig_mode_pending) (the mode its next reset
@@ -126,7 +128,13 @@ import platform
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.nvidia.plugins.module_utils import cpus, discovery, pci, smi
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import (
+    cpus,
+    discovery,
+    gpu_models,
+    pci,
+    smi,
+)
 
 # The device minor of every MIG capability, as the loaded nvidia module lists them.
 MIG_MINORS = "/proc/driver/nvidia-caps/mig-minors"
@@ -210,6 +218,18 @@ def _query_smi(module):
     return rows, xml, None
 
 
+def _pci_names(gpus):
+    """The node's pci.ids names of NVIDIA devices, read only where a GPU is neither named
+    by the driver nor in gpufleet's own table; {} where the node has no pci.ids."""
+    if all(gpu_models.lookup(gpu.device) for gpu in gpus):
+        return {}
+    for path in pci.PCI_IDS_PATHS:
+        text = _read(path)
+        if text:
+            return pci.pci_ids_names(text)
+    return {}
+
+
 def gather(module, sysfs_root, query_driver):
     devices = pci.scan(sysfs_root)
     gpus = pci.nvidia_gpus(devices)
@@ -228,7 +248,7 @@ def gather(module, sysfs_root, query_driver):
         except smi.SmiParseError as exc:
             smi_error = str(exc)
     cores = cpus.core_indexes(sysfs_root)
-    gpu_list = discovery.gpu_list(gpus, rows, xml, cores)
+    gpu_list = discovery.gpu_list(gpus, rows, xml, cores, _pci_names(gpus))
     if any(gpu["mig_devices"] for gpu in gpu_list):
         discovery.mig_cap_files(gpu_list, _read(MIG_MINORS), os.path.exists)
     cuda_version = (xml or {}).get("cuda_version")
