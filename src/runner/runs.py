@@ -106,14 +106,15 @@ class HostRun:
     def disruptive(self) -> bool:
         """Whether applying this (planned) run would disrupt the node's workloads: a
         driver change that reloads or reboots, a MIG layout change, or a container
-        runtime restarted with a new configuration."""
+        runtime to be restarted with a new configuration while containers run on it
+        (the plan asked it; Docker's live-restore keeps them running)."""
         runtime = self.stages.get("runtime_config") or {}
         reloads = any(
             bool((self.stages.get(stage) or {}).get("disruptive"))
             and stage in self.changed_components
             for stage in ("driver", "mig")
         )
-        return reloads or bool(runtime.get("changed"))
+        return reloads or bool(runtime.get("disruptive"))
 
 
 @dataclass

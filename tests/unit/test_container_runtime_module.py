@@ -117,3 +117,51 @@ def test_reapplying_to_an_indented_kubespray_config_changes_nothing(tmp_path):
     again = run_module(args)
     assert again["changed"] is False
     assert config.read_text() == written
+
+
+def _clients(directory: Path, **scripts: str) -> Path:
+    """Stand-in runtime clients (ctr, docker, crictl) answering as the real ones do."""
+    directory.mkdir()
+    for name, body in scripts.items():
+        path = directory / name
+        path.write_text("#!/bin/sh\n" + body)
+        path.chmod(0o755)
+    return directory
+
+
+CTR = """case "$*" in
+  "namespaces list -q") printf 'default\\nk8s.io\\n' ;;
+  "-n k8s.io tasks list") printf 'TASK PID STATUS\\nweb 4242 RUNNING\\nold 17 STOPPED\\n' ;;
+  "-n default tasks list") printf 'TASK PID STATUS\\n' ;;
+  *) exit 1 ;;
+esac
+"""
+
+
+def test_a_plan_asks_whether_restarting_the_runtime_would_stop_containers(tmp_path, monkeypatch):
+    """In check mode, a change to the config comes with what the restart it needs would
+    do: containers running on containerd would stop (the role then calls the change
+    disruptive); with none running, or Docker's live-restore on, it would not; a runtime
+    that cannot be asked counts as disruptive."""
+    idle_ctr = CTR.replace("web 4242 RUNNING\\n", "")
+    cases = [
+        ("containerd", {"ctr": CTR}, 1, True, "1 container(s) running on containerd would stop"),
+        ("containerd", {"ctr": idle_ctr}, 0, False, "no container runs on containerd"),
+        ("docker", {"docker": "echo '3 true'\n"}, 3, False, "live-restore keeps Docker's"),
+        ("docker", {"docker": "echo '3 false'\n"}, 3, True, "3 container(s) running on docker"),
+        ("crio", {"crictl": "exit 1\n"}, None, True, "crio could not be asked what runs on it"),
+    ]
+    for index, (runtime, scripts, running, disrupts, words) in enumerate(cases):
+        bin_dir = _clients(tmp_path / f"bin{index}", **scripts)
+        monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+        config = tmp_path / f"config{index}"
+        result = run_module({"runtime": runtime, "config_path": str(config)}, "--check")
+        assert result["changed"] is True, result
+        assert result["running_containers"] == running, (runtime, result)
+        assert result["restart_disrupts"] is disrupts, (runtime, result)
+        assert words in result["restart_impact"], (runtime, result)
+    # A config already as wanted needs no restart: the runtime is not asked.
+    daemon = {"runtime": "docker", "config_path": str(tmp_path / "daemon.json")}
+    assert run_module(daemon)["changed"] is True
+    settled = run_module(daemon, "--check")
+    assert settled["changed"] is False and "restart_disrupts" not in settled

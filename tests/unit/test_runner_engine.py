@@ -530,3 +530,12 @@ def test_only_the_managed_hosts_are_read(compared):
     error = results["managed-hosts-named-in-the-inventory"]["in_process"]["error"]
     assert error.startswith("gpufleet_hosts is set in inventory ") and "(on n7)" in error
     assert error.endswith("give the pattern as --hosts (now 'gpu_nodes')")
+
+
+def test_a_runtime_change_is_disruptive_only_where_its_restart_stops_containers():
+    stages = {s: {"status": "ready"} for s in STAGES}
+    stages["runtime_config"].update(changed=["containerd"], disruptive=[])
+    change = [Change("runtime_config", "Put the nvidia runtime into each runtime's configuration")]
+    assert not HostRun("a", changes=change, stages=stages).disruptive, "nothing runs on it"
+    stages["runtime_config"]["disruptive"] = ["containerd"]
+    assert HostRun("a", changes=change, stages=stages).disruptive

@@ -29,6 +29,11 @@ description:
     at the generated C(config.toml); for MicroK8s at C(args/containerd-template.toml).
   - Writes atomically, keeps a backup of a file it changes (O(backup)), supports check
     mode and diff. Does not restart anything; the runtime_config role does, on change.
+  - In check mode, on a change it would make, it asks the runtime whether
+    restarting it would stop running containers (RV(restart_disrupts)): containerd
+    and CRI-O by their tasks and containers (C(ctr), C(crictl)), Docker by C(docker
+    info), whose C(live-restore) keeps containers through a restart. What it cannot
+    ask counts as disruptive.
 requirements:
   - tomlkit (python3-tomlkit) on the node, for containerd and CRI-O
 options:
@@ -152,6 +157,20 @@ config_version:
   description: containerd config schema version of the edited file.
   returned: when runtime is containerd
   type: int
+running_containers:
+  description: Containers running on the runtime (all containerd namespaces); null when
+    it could not be asked.
+  returned: in check mode, when the config would change
+  type: int
+restart_disrupts:
+  description: Whether restarting the runtime now would stop running containers (true
+    when they could not be counted; false with Docker's live-restore on).
+  returned: in check mode, when the config would change
+  type: bool
+restart_impact:
+  description: Why restart_disrupts is what it is, in words.
+  returned: in check mode, when the config would change
+  type: str
 """
 
 import os
@@ -194,6 +213,58 @@ def _crio_configs(config_path):
         if text is not None:
             configs.append((path, text))
     return configs
+
+
+def _ask(module, argv):
+    """The output of a read-only runtime command, or None when it cannot be asked (no
+    client installed, no daemon answering)."""
+    try:
+        rc_, out, _err = module.run_command(argv, handle_exceptions=False)
+    except OSError:
+        return None
+    return out if rc_ == 0 else None
+
+
+def _count(module, argv, running_only=False):
+    """Lines a read-only runtime command lists (tasks or containers; with
+    `running_only`, those RUNNING), or None when it cannot be asked."""
+    out = _ask(module, argv)
+    if out is None:
+        return None
+    lines = [line for line in out.splitlines()[1 if running_only else 0 :] if line.strip()]
+    if running_only:
+        return sum(1 for line in lines if "RUNNING" in line.split())
+    return len(lines)
+
+
+def _restart_impact(module, runtime):
+    """(running containers or None, restart disrupts them, in words)."""
+    if runtime == "docker":
+        out = _ask(
+            module, ["docker", "info", "--format", "{{.ContainersRunning}} {{.LiveRestoreEnabled}}"]
+        )
+        if out is None:
+            return None, True, "docker could not be asked what runs on it"
+        running_text, _, live_restore = out.strip().partition(" ")
+        running = int(running_text) if running_text.isdigit() else None
+        if live_restore == "true":
+            return running, False, "live-restore keeps Docker's containers through a restart"
+    elif runtime == "containerd":
+        namespaces = _ask(module, ["ctr", "namespaces", "list", "-q"])
+        running = None
+        if namespaces is not None:
+            counts = [
+                _count(module, ["ctr", "-n", ns, "tasks", "list"], running_only=True)
+                for ns in namespaces.split()
+            ]
+            running = None if None in counts else sum(c or 0 for c in counts)
+    else:
+        running = _count(module, ["crictl", "ps", "-q"])
+    if running is None:
+        return None, True, f"{runtime} could not be asked what runs on it"
+    if running:
+        return running, True, f"{running} container(s) running on {runtime} would stop"
+    return 0, False, f"no container runs on {runtime}"
 
 
 def _write(module, path, text):
@@ -317,9 +388,11 @@ def main():
                 result["backup_files"].append(backup)
             result["rollback"].append({"path": path, "backup": backup, "existed": old is not None})
 
-    module.exit_json(
-        changed=bool(result["changed_files"] or result["removed_files"]), diff=diffs, **result
-    )
+    changed = bool(result["changed_files"] or result["removed_files"])
+    if changed and module.check_mode:
+        running, disrupts, why = _restart_impact(module, runtime)
+        result.update(running_containers=running, restart_disrupts=disrupts, restart_impact=why)
+    module.exit_json(changed=changed, diff=diffs, **result)
 
 
 if __name__ == "__main__":
