@@ -14,7 +14,7 @@ import yaml
 from conftest import PROJECT
 from runner import site
 from runner.arguments import build_parser
-from runner.engine import AnsibleEngine
+from runner.engine import AnsibleEngine, EngineError
 
 
 @pytest.fixture
@@ -147,3 +147,29 @@ def test_a_vault_prompt_is_refused_nobody_answers_it(capsys: pytest.CaptureFixtu
         build_parser().parse_args(["plan", "-i", "h.yml", "--vault-id", "prod@prompt"])
     assert exit_.value.code == 2
     assert "the runner runs unattended, nobody can answer a prompt" in capsys.readouterr().err
+
+
+def test_a_vaulted_inventory_is_read_with_the_sites_vault_password(site_dir: Path):
+    """group_vars encrypted with ansible-vault: without the site's password the
+    inventory cannot be read (a clear error); with --vault-password-file it is, by
+    ansible-inventory (the in-process reader has no vault secrets)."""
+    import subprocess
+
+    _local_inventory(site_dir)
+    (site_dir / "group_vars").mkdir()
+    secret = site_dir / "group_vars" / "gpu_nodes.yml"
+    secret.write_text("exporter_port: 9411\n")
+    (site_dir / "vault-pass").write_text("correct horse\n")
+    vault = Path(sys.executable).parent / "ansible-vault"
+    subprocess.run(
+        [str(vault), "encrypt", "--vault-password-file", "vault-pass", str(secret)],
+        check=True,
+        capture_output=True,
+    )
+    assert secret.read_text().startswith("$ANSIBLE_VAULT;")
+    with pytest.raises(EngineError, match="cannot be read"):
+        _engine([], site_dir, site_dir / "w").inventory()
+    hostvars = _engine(
+        ["--vault-password-file", "vault-pass"], site_dir, site_dir / "w"
+    ).inventory()
+    assert hostvars["gpu-1"]["exporter_port"] == 9411
