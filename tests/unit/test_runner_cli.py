@@ -149,7 +149,8 @@ def test_the_checkout_is_found_or_named_in_words(capsys, state, tmp_path, monkey
         capsys, "reconcile", "--once", "-i", EMPTY_INVENTORY, "--state-dir", str(state)
     )
     assert code == cli.Exit.USAGE
-    assert f"no gpufleet checkout (site.yml and playbooks/) at $GPUFLEET_PROJECT={tmp_path}" in err
+    assert f"no gpufleet playbooks (site.yml and playbooks/) at $GPUFLEET_PROJECT={tmp_path}" in err
+    assert "install the package, run from a checkout or set GPUFLEET_PROJECT to one" in err
     assert not state.exists()
 
 
