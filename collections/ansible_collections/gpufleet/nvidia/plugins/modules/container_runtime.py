@@ -30,10 +30,10 @@ description:
   - Writes atomically, keeps a backup of a file it changes (O(backup)), supports check
     mode and diff. Does not restart anything; the runtime_config role does, on change.
   - In check mode, on a change it would make, it asks the runtime whether
-    restarting it would stop running containers (RV(restart_disrupts)): containerd
-    and CRI-O by their tasks and containers (C(ctr), C(crictl)), Docker by C(docker
-    info), whose C(live-restore) keeps containers through a restart. What it cannot
-    ask counts as disruptive.
+    restarting it would stop running containers (RV(restart_disrupts)), asking
+    containerd and CRI-O for their tasks and containers (C(ctr), C(crictl)) and Docker
+    through C(docker info), whose C(live-restore) keeps containers through a restart.
+    What it cannot ask counts as disruptive.
 requirements:
   - tomlkit (python3-tomlkit) on the node, for containerd and CRI-O
 options:

@@ -72,7 +72,7 @@ ansible_facts:
         gpus:
           description: One entry per GPU (PCI address, device id, name and
             C(name_source) (nvml, pci-id-table, or pci.ids, the node's PCI ID list, for
-            a GPU gpufleet's table lacks: a name without a generation), memory in MiB,
+            a GPU gpufleet's table lacks, which gives a name and no generation), memory in MiB,
             NUMA node, C(local_cores) (logical indexes of the cores near it), compute
             capability, family, UUID and C(minor_number) when the driver answers; on a
             GPU with MIG C(mig_mode), C(mig_mode_pending) (the mode its next reset
