@@ -42,6 +42,12 @@ def _positive(kind: type, minimum: float) -> Any:
     return parse
 
 
+def _pattern(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected an Ansible host pattern, got nothing")
+    return text.strip()
+
+
 def _components(text: str) -> tuple[str, ...]:
     names = tuple(n.strip() for n in text.split(",") if n.strip())
     unknown = [n for n in names if n not in STAGES]
@@ -109,7 +115,8 @@ def _acting() -> argparse.ArgumentParser:
     acting = argparse.ArgumentParser(add_help=False)
     acting.add_argument(
         "--hosts",
-        default=os.environ.get("GPUFLEET_HOSTS", DEFAULT_HOSTS),
+        type=_pattern,
+        default=os.environ.get("GPUFLEET_HOSTS") or DEFAULT_HOSTS,
         metavar="PATTERN",
         help="the hosts gpufleet manages, an Ansible host pattern; no other host of the "
         "inventory is contacted (default $GPUFLEET_HOSTS, else the group %(default)s)",

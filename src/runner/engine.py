@@ -17,7 +17,7 @@ import os
 import shlex
 import subprocess
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -102,6 +102,10 @@ class Engine(Protocol):
     """What the reconcile loop needs from Ansible."""
 
     def inventory(self, limit: str | None = None) -> dict[str, dict[str, Any]]: ...
+
+    def inventory_hosts(self) -> Collection[str]:
+        """Every host of the inventory at the last read, managed or not."""
+        ...
 
     def desired_hashes(self, hostvars: Mapping[str, Mapping[str, Any]]) -> dict[str, str]: ...
 
@@ -196,13 +200,17 @@ class AnsibleEngine:
         self.hosts = hosts
         self.options = list(options)
         self.vault_options = list(vault_options)
-        # The site's configuration, found once from where the runner started.
+        # The site's configuration, found once from where the runner started, which is
+        # where every run starts too: relative paths in the site's inventory, settings
+        # and environment mean what they mean to the site's own Ansible runs.
+        self.cwd = Path.cwd()
         self._config = site.config_environment(project)
         self.work_dir = work_dir
         self.keep_runs = keep_runs
         # None: the inventory's FORKS_VARIABLE, else default_forks(hosts of the run).
         self.forks = forks
         self._inventory_forks: int | None = None
+        self._all_hosts: list[str] = []
         self.extravars = dict(extravars or {})
         self.progress = progress
         self.cancel = cancel
@@ -228,8 +236,8 @@ class AnsibleEngine:
         """The variables of each host gpufleet manages (`self.hosts`; of those, `limit`'s
         only), as `ansible-inventory --list` gives them. An inventory with no host at
         all is an empty fleet; one whose hosts are none of those is an error."""
-        hostvars = self._read(limit, self.hosts)
-        if not hostvars and (limit or self._read(None, "all")):
+        hostvars, self._all_hosts = self._read(limit, self.hosts)
+        if not hostvars and (limit or self._all_hosts):
             raise EngineError(self._none_managed(limit))
         set_there = sorted(
             host
@@ -246,16 +254,20 @@ class AnsibleEngine:
         self._inventory_forks = inventory_forks(hostvars)
         return hostvars
 
-    def _read(self, limit: str | None, pattern: str) -> dict[str, dict[str, Any]]:
-        """The variables of the hosts of `pattern` and `limit`: read in this process
-        where it reads alike, else by running Ansible."""
+    def inventory_hosts(self) -> Collection[str]:
+        return self._all_hosts
+
+    def _read(self, limit: str | None, pattern: str) -> tuple[dict[str, dict[str, Any]], list[str]]:
+        """The variables of the hosts of `pattern` and `limit`, and the names of all
+        the inventory's hosts: read in this process where it reads alike, else by
+        running Ansible."""
         env = self._env()
         # Vault secrets are set up by Ansible's command line, not by its inventory API.
-        ansible = None if self.vault_options else in_process.ansible(env, self.project)
+        ansible = None if self.vault_options else in_process.ansible(env, self.cwd)
         if ansible is None:
             return self._inventory_subprocess(limit, pattern)
         try:
-            return ansible.hostvars(env, self.inventory_path, self.project, limit, pattern)
+            return ansible.hostvars(env, self.inventory_path, self.cwd, limit, pattern)
         except in_process.Unreadable as error:
             raise EngineError(f"inventory {self.inventory_path} cannot be read: {error}") from None
 
@@ -271,7 +283,9 @@ class AnsibleEngine:
             f"GPU nodes in a group {DEFAULT_HOSTS}, or name them with --hosts PATTERN"
         )
 
-    def _inventory_subprocess(self, limit: str | None, pattern: str) -> dict[str, dict[str, Any]]:
+    def _inventory_subprocess(
+        self, limit: str | None, pattern: str
+    ) -> tuple[dict[str, dict[str, Any]], list[str]]:
         data = json.loads(self._ansible_output(["ansible-inventory", "--list"], limit))
         hostvars: dict[str, dict[str, Any]] = data.get("_meta", {}).get("hostvars", {})
         names: set[str] = set(hostvars)
@@ -282,7 +296,11 @@ class AnsibleEngine:
         # (with a --limit matching none of them, `ansible --list-hosts` would fail).
         matched = self._ansible_output(["ansible", pattern, "--list-hosts"], None)
         managed = {line.strip() for line in matched.splitlines()[1:]} - {""}
-        return {name: hostvars.get(name, {}) for name in sorted(names & managed)}
+        every = self._ansible_output(["ansible", "all", "--list-hosts"], None)
+        return (
+            {name: hostvars.get(name, {}) for name in sorted(names & managed)},
+            [line.strip() for line in every.splitlines()[1:] if line.strip()],
+        )
 
     def _ansible_output(self, command: list[str], limit: str | None) -> str:
         """The output of an Ansible command that reads the inventory only."""
@@ -299,7 +317,7 @@ class AnsibleEngine:
             command,
             capture_output=True,
             text=True,
-            cwd=self.project,
+            cwd=self.cwd,
             env={**os.environ, **self._env()},
             check=False,
         )
@@ -334,7 +352,7 @@ class AnsibleEngine:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         runner = ansible_runner.run(
             private_data_dir=str(self.work_dir),
-            project_dir=str(self.project),
+            project_dir=str(self.cwd),
             playbook=str(self.project / playbook),
             inventory=str(Path(self.inventory_path).resolve()),
             limit=",".join(hosts),

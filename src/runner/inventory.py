@@ -114,11 +114,12 @@ class _InProcessAnsible:
         project: Path,
         limit: str | None,
         pattern: str = "all",
-    ) -> dict[str, dict[str, Any]]:
+    ) -> tuple[dict[str, dict[str, Any]], list[str]]:
         """What the engine read from `ansible-inventory -i INVENTORY --list [--limit
         LIMIT]` run in `project`: the variables of each host of `pattern` (as a play of
-        those hosts gets them), magic ones left out. Warnings stay out of the output
-        (ansible-inventory's went unread) but explain an error."""
+        those hosts gets them), magic ones left out; and the names of all the
+        inventory's hosts. Warnings stay out of the output (ansible-inventory's went
+        unread) but explain an error."""
         api = self.api
         source = inventory  # as the CLI takes -i: a host list, else a path
         if "," not in source:
@@ -171,7 +172,7 @@ def _import_ansible() -> SimpleNamespace:
 
 def _read_hostvars(
     api: SimpleNamespace, source: str, basedir: str, limit: str | None, pattern: str
-) -> dict[str, dict[str, Any]]:
+) -> tuple[dict[str, dict[str, Any]], list[str]]:
     # As InventoryCLI.run and json_inventory do: the loader's base directory is the
     # working directory there (playbook-adjacent group_vars are read from it).
     _forget_vars_files()
@@ -179,6 +180,7 @@ def _read_hostvars(
     loader.set_basedir(basedir)
     inventory = api.InventoryManager(loader=loader, sources=[source])
     variables = api.VariableManager(loader=loader, inventory=inventory)
+    every = [host.name for host in inventory.get_hosts("all")]
     if limit:
         inventory.subset(limit)
     internal = api.C.INTERNAL_STATIC_VARS
@@ -190,7 +192,7 @@ def _read_hostvars(
     # keeps vaulted values encrypted and turns tuples and dates into JSON's types.
     text = json.dumps({"_meta": {"hostvars": hostvars}}, cls=api.Encoder, sort_keys=True)
     read: dict[str, dict[str, Any]] = json.loads(text)["_meta"]["hostvars"]
-    return read
+    return read, every
 
 
 def _forget_vars_files() -> None:

@@ -4,8 +4,10 @@ sites use unattended pass through to every run.
 Which `ansible.cfg` governs is found as Ansible finds it (`ANSIBLE_CONFIG`, then
 `./ansible.cfg`, `~/.ansible.cfg`, `/etc/ansible/ansible.cfg`), from where the runner
 was started; only a site without one gets gpufleet's own. To the site's settings
-gpufleet adds what it must, where its roles and its collection are, after the site's
-own paths (`ANSIBLE_ROLES_PATH`, `ANSIBLE_COLLECTIONS_PATH`), and nothing else.
+gpufleet adds what it must, where its roles and its collection are, ahead of the
+site's own paths (`ANSIBLE_ROLES_PATH`, `ANSIBLE_COLLECTIONS_PATH`: a site role called
+`driver`, or another copy of gpufleet.nvidia, must not replace what the runner hashed
+and checks), and nothing else.
 """
 
 from __future__ import annotations
@@ -40,9 +42,7 @@ def config_environment(project: Path) -> dict[str, str]:
 
 def _joined(site: Sequence[str] | None, ours: Path) -> str:
     paths = [str(Path(path).expanduser()) for path in site or []]
-    if str(ours) not in paths:
-        paths.append(str(ours))
-    return os.pathsep.join(paths)
+    return os.pathsep.join([str(ours), *(path for path in paths if path != str(ours))])
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
@@ -128,8 +128,9 @@ def _extra(value: str) -> str:
 
 def _vault_id(value: str) -> str:
     """[LABEL@]SOURCE, the source a password file or script, made absolute."""
-    label, at, source = value.rpartition("@")
-    if source.startswith("prompt"):
+    # As Ansible splits it: the label before the first @.
+    label, at, source = value.partition("@") if "@" in value else ("", "", value)
+    if source in ("prompt", "prompt_ask_vault_pass"):
         raise argparse.ArgumentTypeError(
             f"{value!r}: the runner runs unattended, nobody can answer a prompt; name a "
             "password file or script (LABEL@FILE)"

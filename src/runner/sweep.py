@@ -36,7 +36,9 @@ def due(ctx: Context, work: Cycle) -> bool:
     # A wrong rollout variable raises PolicyError here, before any host is touched.
     work.policies = policies(hostvars, ctx.settings.default_policy)
     if not ctx.settings.limit:
-        ctx.writer.forget_missing(list(hostvars))
+        # Only hosts gone from the inventory: a host outside --hosts keeps its record
+        # (a rollout it is in, a quarantine), should another pattern have been named.
+        ctx.writer.forget_missing(list(ctx.engine.inventory_hosts()))
     work.hostvars = hostvars
     work.desired = ctx.engine.desired_hashes(hostvars)
     work.records = {host: ctx.writer.store.host(host) for host in hostvars}

@@ -145,10 +145,16 @@ def test_a_plan_asks_whether_restarting_the_runtime_would_stop_containers(tmp_pa
     that cannot be asked counts as disruptive."""
     idle_ctr = CTR.replace("web 4242 RUNNING\\n", "")
     cases = [
-        ("containerd", {"ctr": CTR}, 1, True, "1 container(s) running on containerd would stop"),
+        (
+            "containerd",
+            {"ctr": CTR},
+            1,
+            True,
+            "1 container(s) run on containerd: a restart disrupts them",
+        ),
         ("containerd", {"ctr": idle_ctr}, 0, False, "no container runs on containerd"),
         ("docker", {"docker": "echo '3 true'\n"}, 3, False, "live-restore keeps Docker's"),
-        ("docker", {"docker": "echo '3 false'\n"}, 3, True, "3 container(s) running on docker"),
+        ("docker", {"docker": "echo '3 false'\n"}, 3, True, "3 container(s) run on docker"),
         ("crio", {"crictl": "exit 1\n"}, None, True, "crio could not be asked what runs on it"),
     ]
     for index, (runtime, scripts, running, disrupts, words) in enumerate(cases):

@@ -90,6 +90,9 @@ class OneHost:
     def inventory(self, limit: str | None = None) -> dict[str, dict[str, Any]]:
         return {HOST: {}}
 
+    def inventory_hosts(self) -> list[str]:
+        return [HOST]
+
     def desired_hashes(self, hostvars: Any) -> dict[str, str]:
         return {HOST: "v1"}
 

@@ -65,7 +65,11 @@ H100 = "0x2330"
             {"device_plugin_sharing": "time-slicing", "device_plugin_replicas": 0},
             "device_plugin_replicas=0; expected a whole number of at least 1",
         ),
-        ("device_plugin", {"device_plugin_mig_strategy": "automatic"}, "device_plugin_mig_strategy"),
+        (
+            "device_plugin",
+            {"device_plugin_mig_strategy": "automatic"},
+            "device_plugin_mig_strategy",
+        ),
         (
             "device_plugin",
             {"device_plugin_mode": "host"},

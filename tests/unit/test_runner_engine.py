@@ -399,7 +399,7 @@ def _vaulted(path: Path) -> bool:
 
 # Name -> (inventory, --limit, files written before the read[, --hosts, default all:
 # every host]). TMP is a temporary directory; the repository's inventories are named
-# from the project, as -i would.
+# relative to the project.
 _CASES: dict[
     str, tuple[str, str | None, dict[str, str]] | tuple[str, str | None, dict[str, str], str]
 ] = {
@@ -449,7 +449,11 @@ def compared(tmp_path_factory: pytest.TempPathFactory) -> dict:
     tmp = str(tmp_path_factory.mktemp("inventories"))
     cases = [
         {
-            "inventory": inventory.replace("TMP", tmp),
+            # The repository's inventories by their path: the engine reads from where
+            # it was started (here not the project), as -i would.
+            "inventory": inventory.replace("TMP", tmp)
+            if inventory.startswith("TMP") or "," in inventory
+            else str(PROJECT / inventory),
             "limit": limit and limit.replace("TMP", tmp),
             "write": {path.replace("TMP", tmp): text for path, text in files.items()},
             "hosts": hosts[0] if hosts else "all",
@@ -462,7 +466,7 @@ def compared(tmp_path_factory: pytest.TempPathFactory) -> dict:
         [sys.executable, "-c", _COMPARE, str(PROJECT), f"{tmp}/work", json.dumps(cases)],
         capture_output=True,
         text=True,
-        cwd=tmp,  # not the project: the engine reads from the project, as the CLI did
+        cwd=tmp,  # not the project: the engine reads from where it was started
         env=env,
         check=False,
     )

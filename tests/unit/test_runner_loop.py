@@ -119,6 +119,9 @@ class FakeEngine:
         names = [n for n in self.nodes if not limit or n == limit]
         return {n: dict(self.nodes[n].variables) for n in names}
 
+    def inventory_hosts(self) -> list[str]:
+        return list(self.nodes)
+
     def desired_hashes(self, hostvars: Any) -> dict[str, str]:
         return {h: f"{self.project}:{sorted(v.items())}" for h, v in hostvars.items()}
 

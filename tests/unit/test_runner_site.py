@@ -47,13 +47,14 @@ def test_the_sites_ansible_cfg_governs_with_gpufleets_paths_added(site_dir: Path
     env = site.config_environment(PROJECT)
     assert env["ANSIBLE_CONFIG"] == str(site_dir / "ansible.cfg")
     home = Path.home()
+    # gpufleet's first: a site role named like one of its stages does not replace it.
     assert env["ANSIBLE_ROLES_PATH"].split(":") == [
-        str(site_dir / "site-roles"),
         str(PROJECT / "roles"),
+        str(site_dir / "site-roles"),
     ]
     assert env["ANSIBLE_COLLECTIONS_PATH"].split(":") == [
-        str(home / "collections"),
         str(PROJECT / "collections"),
+        str(home / "collections"),
     ]
 
 
@@ -173,3 +174,13 @@ def test_a_vaulted_inventory_is_read_with_the_sites_vault_password(site_dir: Pat
         ["--vault-password-file", "vault-pass"], site_dir, site_dir / "w"
     ).inventory()
     assert hostvars["gpu-1"]["exporter_port"] == 9411
+
+
+def test_runs_start_where_the_runner_was_started(site_dir: Path, monkeypatch):
+    """A relative path in the site's environment (or inventory) means what it means to
+    the site's own Ansible runs: from the site's directory, not gpufleet's."""
+    (site_dir / "logs").mkdir()
+    monkeypatch.setenv("ANSIBLE_LOG_PATH", "logs/gpufleet.log")
+    engine = _engine([], _local_inventory(site_dir), site_dir / "work")
+    assert engine.check_settings(["gpu-1"]) == {}
+    assert "Check every stage's settings" in (site_dir / "logs" / "gpufleet.log").read_text()

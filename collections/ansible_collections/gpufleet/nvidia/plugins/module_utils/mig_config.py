@@ -162,7 +162,7 @@ def layout_strategy(entries: Sequence[Entry]) -> str:
     if not any(entry.mig_enabled for entry in entries):
         return "none"
     profiles = {profile for entry in entries for profile in entry.mig_devices}
-    if all(entry.mig_enabled for entry in entries) and len(profiles) == 1:
+    if all(entry.mig_enabled for entry in entries) and len(profiles) <= 1:
         return "single"
     return "mixed"
 

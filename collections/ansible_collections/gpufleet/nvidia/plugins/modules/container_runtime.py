@@ -219,7 +219,8 @@ def _ask(module, argv):
     """The output of a read-only runtime command, or None when it cannot be asked (no
     client installed, no daemon answering)."""
     try:
-        rc_, out, _err = module.run_command(argv, handle_exceptions=False)
+        # Bounded: a runtime that hangs must not hang the plan (it counts as busy).
+        rc_, out, _err = module.run_command(["timeout", "20", *argv], handle_exceptions=False)
     except OSError:
         return None
     return out if rc_ == 0 else None
@@ -263,7 +264,9 @@ def _restart_impact(module, runtime):
     if running is None:
         return None, True, f"{runtime} could not be asked what runs on it"
     if running:
-        return running, True, f"{running} container(s) running on {runtime} would stop"
+        # Docker without live-restore stops them; containerd's shims and CRI-O's conmon
+        # keep them, but the kubelet and the CRI lose their runtime for the restart.
+        return running, True, f"{running} container(s) run on {runtime}: a restart disrupts them"
     return 0, False, f"no container runs on {runtime}"
 
 
