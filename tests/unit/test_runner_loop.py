@@ -856,6 +856,19 @@ def test_hosts_gone_from_the_inventory_are_forgotten(store: StateStore) -> None:
     assert list(store.hosts()) == ["a"]
 
 
+def test_a_host_outside_the_managed_pattern_keeps_its_record(store: StateStore) -> None:
+    """--hosts naming fewer hosts (or GPUFLEET_HOSTS differing between two runs) must not
+    erase what the state knows of the others: a rollout, a quarantine, a cordon."""
+    reconciler, engine, _ = converged(store, "a", "b")
+    everything = engine.inventory
+    engine.inventory = lambda limit=None: {  # type: ignore[method-assign]
+        h: v for h, v in everything(limit).items() if h == "a"
+    }
+    report = reconciler.cycle()
+    assert list(report.outcomes) == ["a"]
+    assert sorted(store.hosts()) == ["a", "b"]
+
+
 def test_stop_object_second_request_is_urgent() -> None:
     stop = Stop()
     stop.request()
