@@ -84,7 +84,8 @@ def add_options(parser: argparse.ArgumentParser) -> None:
 
 def passed_through(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     """(every run's options, the vault options alone, which the inventory's readers
-    take too). Their paths were made absolute when parsed: the runs start elsewhere."""
+    take too). Their paths were made absolute when parsed, so that a run's command
+    line and the desired state's digest name the same files wherever they are read."""
     vault = [
         *(a for vault_id in args.vault_id for a in ("--vault-id", vault_id)),
         *(a for path in args.vault_password_file for a in ("--vault-password-file", path)),
