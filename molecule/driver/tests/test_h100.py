@@ -110,8 +110,10 @@ def test_instances_destroyed_by_hand_are_predicted_then_restored(host):
 
 
 def test_a_gpu_held_by_an_unknown_process_stops_the_change_naming_it(host):
-    """The stage stops the GPU services it knows; any other process still holding a GPU
-    is named, and the layout, the GPUs and the services stay as they were."""
+    """Any process holding a GPU other than the GPU services the stage knows is named
+    before anything is stopped; the layout, the GPUs and the services stay as they were
+    (the known services never stopped)."""
+    persistenced = host.check_output("systemctl show -p MainPID --value nvidia-persistenced")
     host.check_output(
         "systemd-run --unit=gpufleet-test-holder -p StandardInput=file:/dev/nvidia0 sleep 900"
     )
@@ -124,7 +126,8 @@ def test_a_gpu_held_by_an_unknown_process_stops_the_change_naming_it(host):
         assert holder in outcome["reason"]
         assert _mig_devices(host) == [BALANCED] * 8
         assert set(_mig_modes(host)) == {("Enabled", "Enabled")}
-        assert host.service("nvidia-persistenced").is_running  # started again
+        never_stopped = host.check_output("systemctl show -p MainPID --value nvidia-persistenced")
+        assert never_stopped == persistenced != "0"
     finally:
         host.run("systemctl stop gpufleet-test-holder")
 

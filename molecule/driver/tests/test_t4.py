@@ -119,11 +119,12 @@ def test_kernel_module_type_switch_swaps_the_module_package(host):
 def test_an_unknown_gpu_holder_stops_a_driver_swap_named_and_nothing_changes(host):
     """A driver swap while a process gpufleet does not know holds /dev/nvidia0.
 
-    The role stops the GPU services it knows, finds the holder, and stops there: no
-    package changed, the services started again, the holder named. Once it is gone,
-    the same run swaps the driver in place.
+    The role finds the holder before it stops anything, and stops there: no package
+    changed, the GPU services it knows never stopped, the holder named. Once it is
+    gone, the same run swaps the driver in place.
     """
     name = host.backend.get_hostname()
+    persistenced = host.check_output("systemctl show -p MainPID --value nvidia-persistenced")
     host.check_output(
         "systemd-run --unit=gpufleet-test-holder -p StandardInput=file:/dev/nvidia0 sleep 600"
     )
@@ -139,7 +140,8 @@ def test_an_unknown_gpu_holder_stops_a_driver_swap_named_and_nothing_changes(hos
         assert host.service("gpufleet-test-holder").is_running
         assert _loaded(host) == "535.261.03"
         assert version(host, "nvidia-open-kernel-dkms").startswith("535.261.03-")
-        assert host.service("nvidia-persistenced").is_running, "started again"
+        never_stopped = host.check_output("systemctl show -p MainPID --value nvidia-persistenced")
+        assert never_stopped == persistenced != "0"
     finally:
         host.run("systemctl stop gpufleet-test-holder")
     run = converge(["--limit", name, "-e", "driver_version=535.309.01"])
