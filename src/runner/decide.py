@@ -129,7 +129,7 @@ class Triage(StrEnum):
 
     HALTED = "halted"  # left as it failed, cordoned, until released
     ROLL_AS_PLANNED = "roll as planned"  # in a rollout for this very desired state
-    APPLY = "apply"  # needs no plan (onboarding, or a harmless repair)
+    APPLY = "apply"  # needs no plan (a harmless repair)
     PLAN = "plan"
 
 
@@ -146,17 +146,17 @@ def triage(record: HostRecord, why: Sequence[str], desired: str, check_only: boo
 def plan_needed(record: HostRecord, why: Sequence[str], desired: str) -> bool:
     """Whether a candidate host must be planned before it is applied.
 
-    Not when it is being onboarded (unknown to the state and without a record of
-    gpufleet on the node: nothing on it gpufleet could disrupt), nor when its
-    desired state is unchanged and all it needs is the repair of drift in
-    components whose repair disrupts nothing — putting back a file, a package or
-    a service the last apply recorded. Everything else, including drift in the
-    driver or a container runtime's configuration, and a node that gpufleet
-    converged before but the state does not know (a state database lost or
-    rebuilt), is planned first, so that disruptive changes go through a rollout.
+    Not when its desired state is unchanged and all it needs is the repair of drift
+    in components whose repair disrupts nothing — putting back a file, a package or
+    a service the last apply recorded. Everything else is planned first, so that
+    disruptive changes go through a rollout: drift in the driver or a container
+    runtime's configuration, a node that gpufleet converged before but the state
+    does not know (a state database lost or rebuilt), and a node on first contact
+    (no record of gpufleet on it, unknown to the state), which may well run jobs on
+    GPU software someone else set up.
     """
     if record.desired_hash is None:
-        return "no record" not in why
+        return True
     drifted = {d["component"] for d in record.drift}
     return not (
         set(why) == {"drift"}

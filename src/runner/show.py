@@ -85,17 +85,22 @@ def host_line(record: HostRecord) -> str:
     if any(s == "pre-installed" for s in record.stages.values()):
         pre = [k for k, v in record.stages.items() if v == "pre-installed"]
         return f"{record.status} (pre-installed: {', '.join(pre)})"
+    if record.driver_adopted:
+        return f"{record.status} (driver adopted)"
     return str(record.status)
 
 
 def stage_text(record: HostRecord, stage: str) -> str:
     """`stage=status`; the MIG stage names the layout it keeps (mig=ready:all-balanced),
-    the Slurm stage the node's state in Slurm (slurm_gres=ready:IDLE)."""
+    the Slurm stage the node's state in Slurm (slurm_gres=ready:IDLE), the driver stage
+    a driver it adopted from the node (driver=ready:adopted)."""
     text = f"{stage}={record.stages[stage]}"
     if stage == "mig" and record.mig_layout:
         return f"{text}:{record.mig_layout}"
     if stage == "slurm_gres" and record.slurm_state:
         return f"{text}:{record.slurm_state}"
+    if stage == "driver" and record.driver_adopted:
+        return f"{text}:adopted"
     return text
 
 

@@ -4,9 +4,9 @@ What it keeps, per host: the desired state (a hash) the last successful apply
 reached, the last probe's drift, each stage's status, failures, backoff and
 quarantine, and the host's phase in a disruptive rollout. For the cluster side (when
 the inventory applies it): its status and what a failed apply still owes. Plus a
-bounded history of what happened (drift repaired, intentional changes, failures). Every write is a
-transaction: a reconciler stopped mid-cycle leaves the database as the last
-completed step left it.
+bounded history of what happened (drift repaired, intentional changes, failures).
+Every write is a transaction: a reconciler stopped mid-cycle leaves the database as
+the last completed step left it.
 
 The schema is versioned with SQLite's `user_version`; a database written by a newer
 runner is refused rather than misread.
@@ -28,7 +28,7 @@ from typing import Any
 
 from runner.rollout import RolloutPhase
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 DATABASE_NAME = "state.db"
 DEFAULT_HISTORY_LIMIT = 5000
 
@@ -107,8 +107,12 @@ ALTER TABLE hosts ADD COLUMN slurm_admin_reason TEXT NOT NULL DEFAULT '';
 UPDATE hosts SET slurm_admin_reason = substr(slurm_drained, 8), slurm_drained = 'admin'
     WHERE slurm_drained LIKE 'admin: %';
 """
+# Schema 7: a driver the driver stage adopted from the node (HostRecord.driver_adopted).
+_SCHEMA_7 = """
+ALTER TABLE hosts ADD COLUMN driver_adopted TEXT NOT NULL DEFAULT '';
+"""
 # From schema N to N + 1; a new database runs all of them after _SCHEMA.
-_MIGRATIONS = {1: _SCHEMA_2, 2: _SCHEMA_3, 3: _SCHEMA_4, 4: _SCHEMA_5, 5: _SCHEMA_6}
+_MIGRATIONS = dict(enumerate((_SCHEMA_2, _SCHEMA_3, _SCHEMA_4, _SCHEMA_5, _SCHEMA_6, _SCHEMA_7), 1))
 
 
 class StateError(Exception):
@@ -204,6 +208,9 @@ class HostRecord:
     slurm_drained: SlurmDrain = SlurmDrain.NONE
     slurm_drain_started: float | None = None
     slurm_admin_reason: str = ""
+    # The driver stage's note on a driver it adopted from the node where the defaults
+    # would install another; '' otherwise.
+    driver_adopted: str = ""
 
 
 @dataclass

@@ -194,6 +194,9 @@ def _planned(ctx: Context, work: Cycle, record: HostRecord, run: HostRun, why: l
     pending = decide.wanted(run.changed_components, ctx.settings.components)
     outcome = work.outcome(host, Action.PLANNED, reasons=why, pending=pending)
     outcome.disruptive, outcome.diffs = run.disruptive, _diffs(run)
+    # A driver the node keeps because the settings leave it unnamed, where the
+    # defaults would install another: said in the plan.
+    outcome.message = str((run.stages.get("driver") or {}).get("adopted") or "")
     check_only = ctx.settings.check_only
     verdict = decide.after_plan(record, run, why, desired, pending, check_only)
     if verdict.next == Next.REPAIR:

@@ -213,6 +213,7 @@ def take_stages(record: HostRecord, run: HostRun) -> None:
         mig = run.stages.get("mig") or {}
         record.mig_layout = str(mig.get("config") or "") if mig.get("status") == "ready" else ""
         record.slurm_state = str((run.stages.get("slurm_gres") or {}).get("slurm_state") or "")
+        record.driver_adopted = str((run.stages.get("driver") or {}).get("adopted") or "")
 
 
 def out_of_rollout(record: HostRecord) -> None:

@@ -358,3 +358,111 @@ def test_auto_does_not_guess_the_module_flavour_of_a_gpu_of_unknown_generation()
         {**facts("debian", "12"), "gpus": [unknown]}, "535", CUDA, module_type="open"
     )
     assert plan["module_type"] == "open"
+
+
+# -- which driver: named, adopted from the node, or the default --------------------------
+
+T4 = _gpu((7, 5), name="Tesla T4", device="0x1eb8")
+B200 = _gpu((10, 0))
+
+
+def _driver(version=None, module_type=None, installed_by="package", installed=None, state=None):
+    """gpu_facts' driver: `version` loaded (with `module_type`), `installed` by a package."""
+    installed = installed or version
+    return {
+        "state": state or ("loaded" if version else "installed" if installed else "absent"),
+        "version": version or installed,
+        "module_type": module_type,
+        "installed_version": installed if installed_by == "package" else None,
+        "installed_module_type": module_type if installed_by == "package" else None,
+        "installed_by": installed_by if (version or installed) else None,
+    }
+
+
+def _desired(driver, gpus=(T4,), branch="", version="", module_type="auto", manage="auto"):
+    return dp.desired(branch, version, module_type, manage, driver, list(gpus))
+
+
+def test_a_node_without_a_driver_gets_the_default_branch_fit_for_its_gpus():
+    assert _desired(_driver()) == {
+        "branch": "535",
+        "version": "",
+        "module_type": "auto",
+        "adopted": False,
+        "note": "",
+    }
+    # Blackwell runs nothing older than 570: the default rises with it.
+    assert _desired(_driver(), gpus=[T4, B200])["branch"] == "570"
+
+
+def test_a_packaged_driver_is_adopted_branch_and_flavour_not_pinned():
+    loaded = _driver("550.163.01", "open")
+    assert _desired(loaded) == {
+        "branch": "550",
+        "version": "",  # kept as installed (held), no pin that a later run would write
+        "module_type": "open",
+        "adopted": True,
+        "note": "driver 550.163.01 (open) adopted as installed; "
+        "the defaults would install branch 535 (proprietary)",
+    }
+
+
+def test_what_the_defaults_would_install_anyway_is_adopted_without_a_note():
+    # A node gpufleet installed with the defaults: adopted, and nothing to say.
+    same = _desired(_driver("535.261.03", "proprietary"))
+    assert (same["branch"], same["module_type"], same["adopted"], same["note"]) == (
+        "535",
+        "proprietary",
+        True,
+        "",
+    )
+
+
+def test_what_the_settings_name_wins_and_the_rest_is_adopted():
+    loaded = _driver("535.261.03", "open")
+    named_branch = _desired(loaded, branch="550")
+    assert (named_branch["branch"], named_branch["module_type"]) == ("550", "open")
+    named_version = _desired(loaded, version="535.309.01")
+    assert (named_version["branch"], named_version["version"]) == ("535", "535.309.01")
+    named_flavour = _desired(loaded, module_type="proprietary")
+    assert (named_flavour["branch"], named_flavour["module_type"]) == ("535", "proprietary")
+    named = _desired(loaded, branch="535", module_type="open")
+    assert named["adopted"] is False
+
+
+@pytest.mark.parametrize(
+    "driver",
+    [
+        _driver("535.261.03", "proprietary", installed_by="other"),  # a .run installer's
+        _driver(),
+    ],
+    ids=["not-from-packages", "none"],
+)
+def test_only_a_driver_from_packages_is_adopted(driver):
+    assert _desired(driver)["adopted"] is False
+
+
+def test_always_takes_over_with_the_defaults():
+    taken = _desired(_driver("550.163.01", "open"), manage="always")
+    assert (taken["branch"], taken["module_type"], taken["adopted"]) == ("535", "auto", False)
+
+
+def test_a_driver_waiting_for_a_reboot_is_adopted_as_the_packages_have_it():
+    # 535 loaded, 550 (open) installed by packages: the node boots into 550.
+    waiting = _driver("535.261.03", "proprietary", installed="550.163.01")
+    waiting["installed_module_type"] = "open"
+    chosen = _desired(waiting)
+    assert (chosen["branch"], chosen["module_type"]) == ("550", "open")
+
+
+def test_an_adopted_driver_these_settings_cannot_install_is_left_as_it_is():
+    # NVIDIA's 550 on Debian 12, while driver_source says Debian's packages (535 only).
+    node = {**facts("debian", "12"), "gpus": [T4], "driver": _driver("550.163.01", "open")}
+    chosen = _desired(node["driver"])
+    plan = driver_plan(node, chosen["branch"], CUDA, module_type="open", adopted=True)
+    assert plan == {
+        "as_is": "driver_branch: Debian 12 packages only the 535 branch, not 550; "
+        "set driver_source: cuda-repo for other branches"
+    }
+    with pytest.raises(AnsibleFilterError, match="only the 535 branch"):
+        driver_plan(node, "550", CUDA, module_type="open")  # named: refused

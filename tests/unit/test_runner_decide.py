@@ -86,7 +86,7 @@ def test_a_probed_host_is_a_candidate_for_each_reason_it_has() -> None:
         (converged(drift=[FILE_DRIFT]), ["drift"], Triage.APPLY),
         (converged(drift=[DRIVER_DRIFT]), ["drift"], Triage.PLAN),
         (converged(drift=[FILE_DRIFT]), ["drift", "desired state changed"], Triage.PLAN),
-        (HostRecord("a"), ["no record", "first run"], Triage.APPLY),
+        (HostRecord("a"), ["no record", "first run"], Triage.PLAN),
         (HostRecord("a"), ["not in the state"], Triage.PLAN),
         (converged(rollout_phase=RolloutPhase.HALTED), ["rollout halted"], Triage.HALTED),
         (
@@ -104,7 +104,7 @@ def test_a_probed_host_is_a_candidate_for_each_reason_it_has() -> None:
         "file-drift",
         "driver-drift",
         "changed",
-        "onboarding",
+        "first-contact",
         "lost-state",
         "halted",
         "rolling",

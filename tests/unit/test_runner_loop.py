@@ -338,15 +338,30 @@ def upgrade_driver(engine: FakeEngine, *hosts: str, **variables: Any) -> None:
         engine.nodes[host].pending = {"driver": True}
 
 
-def test_first_cycle_applies_everything_as_intentional_without_a_plan(store: StateStore) -> None:
+def test_first_contact_is_planned_then_a_harmless_change_applied(store: StateStore) -> None:
     reconciler, engine, _ = make(store, fresh_fleet("a", "b"))
     report = reconciler.cycle()
-    assert [call for call, _ in engine.calls] == ["probe", "apply"]
+    assert [call for call, _ in engine.calls] == ["probe", "plan", "apply"]
     assert engine.acted_on("apply") == ["a", "b"]
     assert report.outcomes["a"].intentional == ["driver", "toolkit"]
     assert report.outcomes["a"].corrective == []
     assert {h.status for h in store.hosts().values()} == {"converged"}
     assert [e.kind for e in store.history("a")] == ["intentional", "intentional"]
+
+
+def test_first_contact_with_a_disruptive_change_goes_through_the_rollout(
+    store: StateStore,
+) -> None:
+    """A node gpufleet has never seen, whose plan would replace a loaded driver (one
+    someone else installed, running jobs): queued in its pool's rollout, not applied."""
+    nodes = fresh_fleet("a", "b", "c")
+    nodes["b"].pending = nodes["c"].pending = {"driver": True}
+    reconciler, engine, _ = make(store, nodes)
+    report = reconciler.cycle()
+    assert engine.acted_on("plan") == ["a", "b", "c"]
+    assert applies(engine) == [("a",), ("b",)], "a at once; b in the rollout's first batch"
+    assert report.rollouts == {"all": "1 done, 1 queued"}
+    assert store.host("c").rollout_phase == "queued"
 
 
 def test_steady_state_only_probes(store: StateStore) -> None:

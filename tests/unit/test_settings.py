@@ -260,8 +260,8 @@ def test_a_right_value_passes(values):
         (
             "driver",
             {"driver_branch": 550},
-            'driver_branch: expected a three-digit driver branch such as "535", got 550 (a '
-            'number, not a string; quote it: "550").',
+            'driver_branch: expected a three-digit driver branch such as "535" (or empty: the '
+            'installed one, or the default), got 550 (a number, not a string; quote it: "550").',
         ),
         (
             "driver",

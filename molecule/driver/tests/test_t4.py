@@ -116,6 +116,29 @@ def test_kernel_module_type_switch_swaps_the_module_package(host):
     assert host.service("nvidia-persistenced").is_running
 
 
+def test_a_packaged_driver_is_adopted_while_the_settings_leave_it_unnamed(host):
+    """The open 535.261.03 loaded now, with driver_version unset and the flavour left
+    to auto: the defaults would install the proprietary module, but the node keeps the
+    driver its packages installed. Check mode predicts no change to it, the apply
+    makes none, and the stage says what it adopted."""
+    name = host.backend.get_hostname()
+    unnamed = ["--limit", name, "-e", '{"driver_version": ""}']
+    planned = converge([*unnamed, "--check"])
+    outcome = stage_of(planned, name)
+    assert outcome["disruptive"] is False
+    assert outcome["adopted"] == (
+        "driver 535.261.03 (open) adopted as installed; "
+        "the defaults would install branch 535 (proprietary)"
+    )
+    applied = converge(unnamed)
+    outcome = stage_of(applied, name)
+    assert (outcome["status"], outcome["module_type"]) == ("ready", "open")
+    assert outcome["adopted"].startswith("driver 535.261.03 (open) adopted")
+    assert _loaded(host) == "535.261.03"
+    assert version(host, "nvidia-open-kernel-dkms").startswith("535.261.03-")
+    assert "nvidia-open-kernel-dkms" in held(host)
+
+
 def test_an_unknown_gpu_holder_stops_a_driver_swap_named_and_nothing_changes(host):
     """A driver swap while a process gpufleet does not know holds /dev/nvidia0.
 
@@ -124,13 +147,16 @@ def test_an_unknown_gpu_holder_stops_a_driver_swap_named_and_nothing_changes(hos
     gone, the same run swaps the driver in place.
     """
     name = host.backend.get_hostname()
+    # Named both: the open module loaded now would otherwise be kept (adopted).
+    swap = ["--limit", name, "-e", "driver_version=535.309.01"]
+    swap += ["-e", "driver_kernel_module_type=proprietary"]
     persistenced = host.check_output("systemctl show -p MainPID --value nvidia-persistenced")
     host.check_output(
         "systemd-run --unit=gpufleet-test-holder -p StandardInput=file:/dev/nvidia0 sleep 600"
     )
     try:
         pid = host.check_output("systemctl show -p MainPID --value gpufleet-test-holder")
-        run = converge(["--limit", name, "-e", "driver_version=535.309.01"])
+        run = converge(swap)
         result = stage_of(run, name)
         assert result["status"] == "failed"
         assert (
@@ -144,6 +170,6 @@ def test_an_unknown_gpu_holder_stops_a_driver_swap_named_and_nothing_changes(hos
         assert never_stopped == persistenced != "0"
     finally:
         host.run("systemctl stop gpufleet-test-holder")
-    run = converge(["--limit", name, "-e", "driver_version=535.309.01"])
+    run = converge(swap)
     assert (stage_of(run, name)["status"], _loaded(host)) == ("ready", "535.309.01")
     assert host.service("nvidia-persistenced").is_running

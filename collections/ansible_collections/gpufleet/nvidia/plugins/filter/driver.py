@@ -9,6 +9,16 @@ from ansible.errors import AnsibleFilterError
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import driver_plan as dp
 
 
+def driver_desired(facts, branch="", version="", module_type="auto", manage="auto"):
+    """The driver the node should run; see driver_plan.desired."""
+    try:
+        return dp.desired(
+            branch, version, module_type, manage, facts.get("driver") or {}, facts.get("gpus", [])
+        )
+    except dp.PlanError as exc:
+        raise AnsibleFilterError(str(exc)) from exc
+
+
 def driver_plan(
     facts,
     branch,
@@ -19,7 +29,11 @@ def driver_plan(
     debian_mirror="http://deb.debian.org/debian",
     fabricmanager="auto",
     debian_security_mirror="http://deb.debian.org/debian-security",
+    adopted=False,
 ):
+    """The install plan. For an adopted driver (`adopted`) that these settings cannot
+    install (another source's packages, a branch the source lacks), no plan but
+    `{"as_is": why}`: the driver is left as the node has it."""
     computes = [
         (g["compute_major"], g["compute_minor"] or 0)
         for g in facts.get("gpus", [])
@@ -31,7 +45,8 @@ def driver_plan(
     )
     try:
         dp.validate_request(str(branch), version or "")
-        dp.check_gpus(str(branch), module_type, facts.get("gpus", []))
+        if not adopted:  # a driver that runs them is proof enough
+            dp.check_gpus(str(branch), module_type, facts.get("gpus", []))
         resolved = dp.resolve_module_type(module_type, str(branch), computes)
         return dp.plan(
             os_facts.get("id"),
@@ -47,6 +62,8 @@ def driver_plan(
             fabricmanager=wants_fm,
         )
     except dp.PlanError as exc:
+        if adopted:
+            return {"as_is": str(exc)}
         raise AnsibleFilterError(str(exc)) from exc
 
 
@@ -63,6 +80,7 @@ def driver_differs(driver, plan):
 class FilterModule:
     def filters(self):
         return {
+            "driver_desired": driver_desired,
             "driver_plan": driver_plan,
             "driver_kernel_modules": driver_kernel_modules,
             "driver_differs": driver_differs,

@@ -40,6 +40,12 @@ MIN_BRANCH = (
 )
 
 
+# The branch of a node with no driver and none named: Debian 12's only branch (its
+# non-free archive packages 535 alone), raised to the oldest branch that runs the
+# node's newest GPU generation where that is newer (570 for Blackwell).
+DEFAULT_BRANCH = 535
+
+
 class PlanError(ValueError):
     """The requested driver cannot be installed this way; the message says why."""
 
@@ -50,6 +56,66 @@ def min_branch(compute):
         if compute >= since:
             return branch, generation
     return 0, "pre-Volta"
+
+
+def _computes(gpus):
+    return [
+        (g["compute_major"], g.get("compute_minor") or 0)
+        for g in gpus
+        if g.get("compute_major") is not None
+    ]
+
+
+def default_branch(gpus):
+    """The branch for a node without a driver when the settings name none."""
+    oldest = max((min_branch(c)[0] for c in _computes(gpus)), default=0)
+    return str(max(DEFAULT_BRANCH, oldest))
+
+
+def desired(branch, version, module_type, manage, driver, gpus):
+    """Which driver the node should run: what the settings name, and for what they
+    leave unset, the driver packages installed on the node (adopted) or the defaults.
+
+    `driver` is gpu_facts' driver. A driver some package installed is adopted under
+    `driver_manage: auto`: its branch while the settings name neither a branch nor a
+    version, its module flavour while they leave the flavour to `auto`. The adopted
+    version is kept as installed (its packages held), not pinned. Returns branch,
+    version and module_type (as requested: open, proprietary or auto) for `plan`,
+    `adopted` (whether anything was taken from the node), and `note`: what was
+    adopted, said where it differs from what the defaults would install (empty where
+    the node runs what the defaults would give it anyway).
+    """
+    branch, version = str(branch or ""), version or ""
+    if version and not branch:
+        branch = version.split(".")[0]
+    installed = driver.get("installed_version") or ""
+    adopt = manage == "auto" and driver.get("installed_by") == "package" and bool(installed)
+    taken = {}
+    if adopt and not branch:
+        branch = taken["branch"] = installed.split(".")[0]
+    if adopt and module_type == "auto":
+        # The loaded module's flavour where the package's version is the loaded one;
+        # the package's otherwise (the node boots into that one).
+        same = driver.get("state") == "loaded" and driver.get("version") == installed
+        flavour = driver.get("module_type") if same else driver.get("installed_module_type")
+        if flavour in ("open", "proprietary"):
+            module_type = taken["module_type"] = flavour
+    result = {
+        "branch": branch or default_branch(gpus),
+        "version": version,
+        "module_type": module_type,
+        "adopted": bool(taken),
+        "note": "",
+    }
+    if taken:
+        defaults = default_branch(gpus)
+        default_flavour = resolve_module_type("auto", defaults, _computes(gpus))
+        if (defaults, default_flavour) != (branch or defaults, module_type):
+            result["note"] = (
+                f"driver {installed} ({module_type}) adopted as installed; the defaults "
+                f"would install branch {defaults} ({default_flavour})"
+            )
+    return result
 
 
 def check_gpus(branch, module_type, gpus):

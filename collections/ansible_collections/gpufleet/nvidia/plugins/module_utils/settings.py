@@ -204,7 +204,10 @@ _COLLECTORS = (
 # role not being checked) is not looked at.
 RULES = {
     "driver_apt_lock_timeout": _LOCK_TIMEOUT,
-    "driver_branch": (_match(BRANCH_RE), 'a three-digit driver branch such as "535"'),
+    "driver_branch": (
+        _optional(_match(BRANCH_RE)),
+        'a three-digit driver branch such as "535" (or empty: the installed one, or the default)',
+    ),
     "driver_version": (
         _optional(_match(VERSION_RE)),
         'an NVIDIA driver version such as "535.261.03" (or empty: the newest of the branch)',
