@@ -283,11 +283,10 @@ WRONG_SETTINGS = [
     {"mig_config": "all-balanced; reboot"},
     # Refused only when their stage started, after the stages before it (issue 44): a
     # number where the collectors CSV goes, a boolean as a string, a version of another
-    # branch (the inventory's driver_branch is the default, 535), a MIG layout the file
-    # does not have.
+    # branch than the one named, a MIG layout the file does not have.
     {"exporter_collectors": 42},
     {"k8s_manifests_apply": "true"},
-    {"driver_version": "550.163.01"},
+    {"driver_version": "550.163.01", "driver_branch": "535"},
     {"mig_config": "all-halves"},
 ]
 
@@ -309,7 +308,7 @@ def _node_snapshot(fleet: Fleet, node: str) -> str:
 def test_wrong_settings_are_refused_before_any_node_is_touched(fleet: Fleet):
     before = _node_snapshot(fleet, "e2e-t4")
     for wrong in WRONG_SETTINGS:
-        (name,) = wrong
+        name = next(iter(wrong))  # the variable refused
         run = fleet.site("e2e-t4", wrong)
         out = run.stdout + run.stderr
         assert run.returncode != 0, wrong
