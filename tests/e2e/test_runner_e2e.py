@@ -20,7 +20,7 @@ import time
 import tomllib
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -742,28 +742,32 @@ def test_pull_mode_the_node_converges_itself_through_the_shipped_units(fleet: Fl
 # -- an installed controller at a site ----------------------------------------------
 
 
-def test_an_installed_controller_runs_from_a_site_with_the_sites_own_ansible(
-    fleet: Fleet, tmp_path: Path
-):
-    """gpufleet installed from its wheel into a virtualenv of its own, run from a
-    directory holding only the site's inventory and ansible.cfg, no checkout in
-    sight: the playbooks are the package's, Ansible logs where the site's ansible.cfg
-    says, the fleet's bastion-like ProxyCommand works from inventory variables alone,
-    and a web server in the site's inventory (no node behind it) is never contacted."""
+def installed_controller(work: Path) -> Path:
+    """gpufleet's wheel, built from the checkout, installed offline into a new
+    virtualenv under `work`; returns the virtualenv."""
     wheels = _wheelhouse()  # the pinned dependencies, offline
     offline = ["--no-index", "--find-links", str(wheels)]
-    dist, venv, site = tmp_path / "dist", tmp_path / "venv", tmp_path / "site"
+    dist, venv = work / "dist", work / "venv"
     pip_wheel = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", *offline]
     subprocess.run([*pip_wheel, "-w", str(dist), str(PROJECT)], check=True)
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     (wheel,) = dist.glob("gpufleet-*.whl")
     subprocess.run([str(venv / "bin" / "pip"), "install", "-q", *offline, str(wheel)], check=True)
+    return venv
 
+
+def site_directory(
+    site: Path, venv: Path, fleet_inventory: Path
+) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """A site's directory: its inventory (the fleet's nodes, with their group_vars, and
+    a web server with no node behind it) and its own ansible.cfg (logging to
+    ansible.log there). Returns a function that runs the installed `gpufleet` there,
+    with none of the checkout's Ansible settings or virtualenv in its environment."""
     (site / "inventory").mkdir(parents=True)
-    hosts = yaml.safe_load((fleet.inventory / "hosts.yml").read_text())
+    hosts = yaml.safe_load((fleet_inventory / "hosts.yml").read_text())
     hosts["all"]["children"]["web"] = {"hosts": {"web-1": {"ansible_host": "192.0.2.10"}}}
     (site / "inventory" / "hosts.yml").write_text(yaml.safe_dump(hosts))
-    shutil.copytree(fleet.inventory / "group_vars", site / "inventory" / "group_vars")
+    shutil.copytree(fleet_inventory / "group_vars", site / "inventory" / "group_vars")
     (site / "ansible.cfg").write_text("[defaults]\nlog_path = ansible.log\n")
     ours = str(PROJECT / ".venv")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "GPUFLEET_"))}
@@ -772,8 +776,22 @@ def test_an_installed_controller_runs_from_a_site_with_the_sites_own_ansible(
     def gpufleet(*args: str) -> subprocess.CompletedProcess[str]:
         command = [str(venv / "bin" / "gpufleet"), *args]
         return subprocess.run(
-            command, cwd=site, env=env, capture_output=True, text=True, timeout=900, check=False
+            command, cwd=site, env=env, capture_output=True, text=True, timeout=1500, check=False
         )
+
+    return gpufleet
+
+
+def test_an_installed_controller_runs_from_a_site_with_the_sites_own_ansible(
+    fleet: Fleet, tmp_path: Path
+):
+    """gpufleet installed from its wheel into a virtualenv of its own, run from a
+    directory holding only the site's inventory and ansible.cfg, no checkout in
+    sight: the playbooks are the package's, Ansible logs where the site's ansible.cfg
+    says, the fleet's bastion-like ProxyCommand works from inventory variables alone,
+    and a web server in the site's inventory (no node behind it) is never contacted."""
+    venv, site = installed_controller(tmp_path), tmp_path / "site"
+    gpufleet = site_directory(site, venv, fleet.inventory)
 
     version = gpufleet("version")
     assert version.returncode == 0, version.stderr

@@ -1,0 +1,147 @@
+"""Adopting a node someone else set up, with gpufleet installed from its wheel.
+
+A simulated T4 provisioned by hand, as a site would have done it before gpufleet:
+Debian's open kernel module 535.261.03 installed with apt and loaded (the defaults
+would pick the proprietary one on a T4 with branch 535), containerd installed and
+configured with settings of the site's. gpufleet runs from a directory holding only
+the site's inventory (with a web server that has no node behind it) and ansible.cfg.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from test_runner_e2e import FLEET, installed_controller, site_directory, start_fleet
+
+pytestmark = pytest.mark.fleet
+
+NODE = "e2e-adopt"
+DRIVER = "535.261.03"
+# The site's containerd settings: gpufleet adds its runtime and keeps these.
+SITE_CONTAINERD = """version = 2
+oom_score = -999
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "registry.example.net/pause:3.9"
+"""
+# What the site ran by hand: Debian's contrib/non-free sources, the driver held at
+# one build with an apt pin of its own, the open module, containerd.
+PROVISION = f"""set -e
+cat > /etc/apt/sources.list.d/site-nvidia.list <<'EOF'
+deb http://deb.debian.org/debian bookworm contrib non-free non-free-firmware
+deb http://deb.debian.org/debian-security bookworm-security contrib non-free non-free-firmware
+EOF
+printf 'Package: /^(nvidia-|libnvidia-|libcuda1|firmware-nvidia-)/\\nPin: version {DRIVER}-*\\n\
+Pin-Priority: 1001\\n' > /etc/apt/preferences.d/site-nvidia.pref
+apt-get update -q
+DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \\
+  nvidia-open-kernel-dkms nvidia-smi libnvidia-ml1 libcuda1 firmware-nvidia-gsp \\
+  nvidia-persistenced containerd
+mkdir -p /etc/containerd
+cat > /etc/containerd/config.toml <<'EOF'
+{SITE_CONTAINERD}EOF
+systemctl restart containerd
+"""
+
+
+def on_node(*command: str) -> str:
+    done = subprocess.run(["podman", "exec", NODE, *command], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def snapshot() -> str:
+    """Every file under the paths gpufleet writes, with size and mtime; the units."""
+    return on_node(
+        "sh",
+        "-c",
+        "find /etc /usr /opt /var/lib/dpkg /var/lib/gpufleet /run/nvidia -xdev "
+        "-printf '%p %s %T@\\n' 2>/dev/null | sort | sha256sum; "
+        "systemctl list-units --no-legend --plain --state=active | sha256sum",
+    )
+
+
+def driver_seen() -> tuple[str, str, str]:
+    """The loaded driver (nvidia-smi), the open module package's version, the boot."""
+    return (
+        on_node("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"),
+        on_node("dpkg-query", "-W", "-f=${Version}", "nvidia-open-kernel-dkms"),
+        on_node("ps", "-o", "lstart=", "-p", "1"),  # the simulated node's boot
+    )
+
+
+@dataclass
+class Site:
+    directory: Path
+    gpufleet: Callable[..., subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
+    work = tmp_path_factory.mktemp("adopt")
+    inventory = start_fleet(work, {NODE: "t4-1"})
+    try:
+        on_node("sh", "-c", PROVISION)
+        # nouveau holds the T4 until a boot loads the module the packages installed.
+        subprocess.run([*FLEET, "reboot", NODE], check=True)
+        assert driver_seen()[0] == DRIVER
+        venv = installed_controller(work)
+        yield Site(work / "site", site_directory(work / "site", venv, inventory))
+    finally:
+        subprocess.run([*FLEET, "down", NODE], check=False)
+
+
+WHERE = ("-i", "inventory", "--state-dir", "state")
+
+
+def test_the_first_plan_changes_nothing_and_says_what_would_change(site: Site):
+    before = snapshot()
+    plan = site.gpufleet("plan", *WHERE)
+    assert plan.returncode == 5, plan.stdout + plan.stderr  # changes pending
+    line = next(x for x in plan.stdout.splitlines() if x.startswith(f"  {NODE}: "))
+    assert "planned; because no record, first run; would change " in line, line
+    assert (
+        f"driver {DRIVER} (open) adopted as installed; "
+        "the defaults would install branch 535 (proprietary)"
+    ) in line
+    # Holding the adopted driver's packages and adding the runtime: nothing disruptive
+    # (no driver reload; no container runs on containerd to be stopped by its restart).
+    assert "disruptive" not in line, line
+    assert snapshot() == before
+
+
+def test_reconcile_adopts_the_node_keeping_its_driver_and_the_sites_settings(site: Site):
+    driver = driver_seen()
+    result = site.gpufleet("reconcile", "--once", *WHERE)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert driver_seen() == driver, "the same driver, loaded since the same boot"
+    config = on_node("cat", "/etc/containerd/config.toml")
+    assert "oom_score = -999" in config
+    assert 'sandbox_image = "registry.example.net/pause:3.9"' in config
+    assert "nvidia" in config, "gpufleet's runtime added beside the site's settings"
+
+    status = json.loads(site.gpufleet("status", "--json", *WHERE).stdout)
+    assert [h["name"] for h in status] == [NODE], "only the GPU group"
+    (record,) = status
+    assert record["status"] == "converged"
+    assert record["stages"]["driver"] == "ready"
+    assert record["driver_adopted"].startswith(f"driver {DRIVER} (open) adopted")
+    table = site.gpufleet("status", *WHERE).stdout
+    assert "converged (driver adopted)" in table and "driver=ready:adopted" in table
+
+    again = site.gpufleet("reconcile", "--once", *WHERE)
+    assert again.stdout.startswith("cycle: 1 probed, 0 planned, 0 applied"), again.stdout
+    assert driver_seen() == driver
+
+
+def test_the_web_server_in_the_sites_inventory_was_never_contacted(site: Site):
+    log = (site.directory / "ansible.log").read_text()  # where the site's ansible.cfg says
+    assert "Probe each node for drift from its last successful apply" in log
+    assert NODE in log
+    assert "web-1" not in log and "192.0.2.10" not in log
