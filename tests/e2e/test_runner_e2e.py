@@ -770,7 +770,11 @@ def site_directory(
     shutil.copytree(fleet_inventory / "group_vars", site / "inventory" / "group_vars")
     (site / "ansible.cfg").write_text("[defaults]\nlog_path = ansible.log\n")
     ours = str(PROJECT / ".venv")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "GPUFLEET_"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("ANSIBLE_", "GPUFLEET_")) and k != "PYTHONPATH"
+    }
     env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if ours not in p)
 
     def gpufleet(*args: str) -> subprocess.CompletedProcess[str]:

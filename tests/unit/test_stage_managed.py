@@ -85,8 +85,8 @@ def test_driver_on_debian_with_the_fabric_manager_from_nvidias_repository(tmp_pa
     )
     assert found == {
         "files": [
-            "/etc/apt/sources.list.d/debian-nvidia.sources",
-            "/etc/apt/sources.list.d/debian-security-nvidia.sources",
+            "/etc/apt/sources.list.d/zz-gpufleet-debian-nvidia.sources",
+            "/etc/apt/sources.list.d/zz-gpufleet-debian-security-nvidia.sources",
             "/etc/apt/sources.list.d/nvidia-cuda.sources",
             "/etc/apt/keyrings/nvidia-cuda.asc",
             "/etc/apt/preferences.d/gpufleet-nvidia-driver.pref",

@@ -9,6 +9,6 @@ testinfra_hosts = ["podman://gpufleet-drv-cpu"]
 
 def test_nothing_of_the_driver_stage_is_there(host):
     assert not host.file(BLACKLIST).exists
-    assert not host.file("/etc/apt/sources.list.d/debian-nvidia.sources").exists
+    assert not host.file("/etc/apt/sources.list.d/zz-gpufleet-debian-nvidia.sources").exists
     assert not host.file("/run/nvidia").exists
     assert not host.exists("nvidia-smi")

@@ -13,7 +13,7 @@ def test_no_package_and_no_file_of_ours(host):
     ).stdout.splitlines()
     assert [line for line in installed if line[1:2] == "i"] == []
     assert not host.file(BLACKLIST).exists
-    assert not host.file("/etc/apt/sources.list.d/debian-nvidia.sources").exists
+    assert not host.file("/etc/apt/sources.list.d/zz-gpufleet-debian-nvidia.sources").exists
 
 
 def test_preinstalled_driver_still_answers_and_is_marked_ready(host):

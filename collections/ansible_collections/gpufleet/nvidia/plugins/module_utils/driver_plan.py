@@ -199,10 +199,14 @@ def _debian(
                 "set driver_source: cuda-repo for other branches"
             )
         # Debian's non-free archive (nvidia-graphics-drivers source package); the
-        # open module is in contrib, the persistence daemon too.
+        # open module is in contrib, the persistence daemon too. A site's own entries
+        # for the same mirror and suite often carry no Signed-By: apt accepts a
+        # Signed-By that comes after such an entry but refuses one before it ("Conflicting
+        # values set for option Signed-By"), and reads sources.list.d in name order,
+        # so these files are named to be read last.
         plan["repositories"].append(
             {
-                "name": "debian-nvidia",
+                "name": "zz-gpufleet-debian-nvidia",
                 "uris": [mirror],
                 "suites": ["bookworm", "bookworm-updates"],
                 "components": ["contrib", "non-free", "non-free-firmware"],
@@ -211,7 +215,7 @@ def _debian(
         )
         plan["repositories"].append(
             {
-                "name": "debian-security-nvidia",
+                "name": "zz-gpufleet-debian-security-nvidia",
                 "uris": [security],
                 "suites": ["bookworm-security"],
                 "components": ["contrib", "non-free", "non-free-firmware"],
