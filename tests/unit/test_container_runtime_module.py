@@ -171,3 +171,27 @@ def test_a_plan_asks_whether_restarting_the_runtime_would_stop_containers(tmp_pa
     assert run_module(daemon)["changed"] is True
     settled = run_module(daemon, "--check")
     assert settled["changed"] is False and "restart_disrupts" not in settled
+
+
+def test_a_plan_before_tomlkit_is_installed_predicts_the_change_and_asks_the_runtime(
+    tmp_path, monkeypatch
+):
+    """A node's first plan: python3-tomlkit is not there yet (the role installs it in
+    the apply), so the edit is predicted, never failed, and the restart's impact is
+    asked all the same: a busy containerd makes the change disruptive. The apply
+    still needs tomlkit."""
+    hidden = tmp_path / "no-tomlkit" / "tomlkit"
+    hidden.mkdir(parents=True)
+    (hidden / "__init__.py").write_text("raise ImportError('tomlkit is not installed')\n")
+    monkeypatch.setenv("PYTHONPATH", str(hidden.parent))
+    monkeypatch.setenv("PATH", f"{_clients(tmp_path / 'bin', ctr=CTR)}:/usr/bin:/bin")
+    config = tmp_path / "config.toml"
+    config.write_text(ORIGINAL)
+    args = {"runtime": "containerd", "config_path": str(config)}
+    planned = run_module(args, "--check")
+    assert planned["changed"] is True and planned["predicted"] is True, planned
+    assert planned["changed_files"] == [str(config)]
+    assert (planned["running_containers"], planned["restart_disrupts"]) == (1, True)
+    assert config.read_text() == ORIGINAL
+    applied = run_module(args)
+    assert applied.get("failed") and "tomlkit" in applied["msg"], applied

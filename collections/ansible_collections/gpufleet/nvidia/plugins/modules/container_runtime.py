@@ -35,7 +35,8 @@ description:
     through C(docker info), whose C(live-restore) keeps containers through a restart.
     What it cannot ask counts as disruptive.
 requirements:
-  - tomlkit (python3-tomlkit) on the node, for containerd and CRI-O
+  - tomlkit (python3-tomlkit) on the node, for containerd and CRI-O (in check mode
+    without it, a change is predicted)
 options:
   runtime:
     description: The container runtime whose config is edited.
@@ -171,6 +172,13 @@ restart_impact:
   description: Why restart_disrupts is what it is, in words.
   returned: in check mode, when the config would change
   type: str
+predicted:
+  description:
+    - In check mode on a node without tomlkit (before the role installs it), the edit
+      cannot be worked out; a change is predicted (with the restart's impact), and this
+      is true.
+  returned: in check mode, for containerd and CRI-O without tomlkit
+  type: bool
 """
 
 import os
@@ -313,7 +321,23 @@ def main():
     if p["drop_in_path"] and runtime != "containerd":
         module.fail_json(msg=f"drop_in_path: only containerd takes a drop-in here, not {runtime}")
     if runtime in ("containerd", "crio") and not rc.HAS_TOMLKIT:
-        module.fail_json(msg=missing_required_lib("tomlkit (Debian/Ubuntu: python3-tomlkit)"))
+        if not module.check_mode:
+            module.fail_json(msg=missing_required_lib("tomlkit (Debian/Ubuntu: python3-tomlkit)"))
+        # A plan before the role has installed python3-tomlkit (a node's first
+        # contact): the edit cannot be worked out, so a change is predicted, with what
+        # the restart it brings would do to the containers running now.
+        running, disrupts, why = _restart_impact(module, runtime)
+        module.exit_json(
+            changed=True,
+            predicted=True,
+            changed_files=[p["config_path"] or DEFAULT_PATHS[runtime]],
+            removed_files=[],
+            backup_files=[],
+            rollback=[],
+            running_containers=running,
+            restart_disrupts=disrupts,
+            restart_impact=why,
+        )
     if not p["runtime_name"] or not p["runtime_name"].replace("-", "").replace("_", "").isalnum():
         module.fail_json(
             msg=f"runtime_name: expected letters, digits, - or _, got {p['runtime_name']!r}"
