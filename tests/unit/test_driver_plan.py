@@ -379,8 +379,10 @@ def _driver(version=None, module_type=None, installed_by="package", installed=No
     }
 
 
-def _desired(driver, gpus=(T4,), branch="", version="", module_type="auto", manage="auto"):
-    return dp.desired(branch, version, module_type, manage, driver, list(gpus))
+def _desired(
+    driver, gpus=(T4,), branch="", version="", module_type="auto", manage="auto", offered=()
+):
+    return dp.desired(branch, version, module_type, manage, driver, list(gpus), list(offered))
 
 
 def test_a_node_without_a_driver_gets_the_default_branch_fit_for_its_gpus():
@@ -466,3 +468,67 @@ def test_an_adopted_driver_these_settings_cannot_install_is_left_as_it_is():
     }
     with pytest.raises(AnsibleFilterError, match="only the 535 branch"):
         driver_plan(node, "550", CUDA, module_type="open")  # named: refused
+
+
+# -- the default branch: the newest the node's source offers that runs every GPU -------
+
+
+@pytest.mark.parametrize(
+    ("os_id", "source", "prefix"),
+    [
+        ("ubuntu", "distro", "nvidia-headless-"),
+        ("ubuntu", "cuda-repo", "cuda-drivers-"),
+        ("debian", "cuda-repo", "cuda-drivers-"),
+        ("debian", "distro", ""),  # Debian's archive: 535 alone, known
+        ("rocky", "cuda-repo", ""),  # dnf: not asked
+    ],
+)
+def test_where_apt_is_asked_for_the_branches_a_source_offers(os_id, source, prefix):
+    assert dp.offer_prefix(os_id, source) == prefix
+
+
+def test_the_branches_offered_are_read_from_apts_package_names():
+    canonical = [
+        "nvidia-headless-535-server",
+        "nvidia-headless-535-server-open",
+        "nvidia-headless-570-server-open",
+        "nvidia-headless-no-dkms-570-server",
+        "nvidia-headless-470",
+    ]
+    assert dp.offered_branches("ubuntu", "distro", canonical) == ["535", "570"]
+    cuda = ["cuda-drivers-535", "cuda-drivers-575", "cuda-drivers-fabricmanager-575"]
+    assert dp.offered_branches("debian", "cuda-repo", cuda) == ["535", "575"]
+    assert dp.offered_branches("debian", "distro", []) == ["535"]
+    assert dp.offered_branches("ubuntu", "cuda-repo", []) == [], "repository not there yet"
+
+
+def test_a_bare_node_gets_the_newest_offered_branch_that_runs_its_gpus():
+    assert dp.default_branch([T4], ["470", "535", "570"]) == "570"
+    assert dp.default_branch([T4, B200], ["535", "570"]) == "570"
+    assert dp.default_branch([T4], []) == "535", "not known: 535"
+    with pytest.raises(dp.PlanError) as refused:
+        dp.default_branch([T4, B200], ["535"])
+    assert str(refused.value) == (
+        "driver_branch: the node's package source offers branch(es) 535, none of which "
+        "runs GPU 0000:1b:00.0 (NVIDIA B200): Blackwell GPUs need branch 570 or newer. Set "
+        "driver_source to a source that has one, or name driver_branch."
+    )
+
+
+def test_an_adopted_driver_is_kept_where_the_defaults_could_install_none():
+    # Blackwell on Debian's archive (535 only): the adopted 570 stays, and says why.
+    chosen = _desired(_driver("570.172.08", "open"), gpus=[B200], offered=["535"])
+    assert (chosen["branch"], chosen["module_type"], chosen["adopted"]) == ("570", "open", True)
+    assert chosen["note"].startswith(
+        "driver 570.172.08 (open) adopted as installed; the defaults would install none: "
+        "driver_branch: the node's package source offers branch(es) 535"
+    )
+
+
+def test_a_named_branch_is_not_compared_with_the_defaults():
+    # Branch named, flavour adopted as the defaults would choose it: nothing to say.
+    chosen = _desired(_driver("550.163.01", "proprietary"), branch="550", offered=["535"])
+    assert (chosen["adopted"], chosen["note"]) == (True, "")
+    # Branch 570 named: auto would pick open there, so the proprietary kept is said.
+    chosen = _desired(_driver("570.172.08", "proprietary"), branch="570")
+    assert chosen["note"].endswith("the defaults would install branch 570 (open)")

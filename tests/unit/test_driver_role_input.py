@@ -109,3 +109,15 @@ def test_secure_boot_without_signed_modules_fails_with_the_way_forward(tmp_path)
     assert "Secure Boot is enabled" in message
     assert "Machine Owner Key" in message and "driver_secure_boot_signed_modules" in message
     assert report["stats"]["localhost"]["changed"] == 0
+
+
+def test_a_blackwell_gpu_where_the_source_offers_no_branch_for_it_is_refused(tmp_path):
+    """A B200 on this Debian 12 machine with Debian's own packages (535 alone): no
+    default branch runs it, and the refusal names the GPU and what it needs."""
+    rc, report = run_driver_role(tmp_path, "0x2901")
+    assert rc != 0
+    assert (
+        "the node's package source offers branch(es) 535, none of which runs GPU "
+        "0000:18:00.0 (NVIDIA B200): Blackwell GPUs need branch 570 or newer"
+    ) in failure(report)
+    assert report["stats"]["localhost"]["changed"] == 0

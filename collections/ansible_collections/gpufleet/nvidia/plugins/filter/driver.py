@@ -9,11 +9,28 @@ from ansible.errors import AnsibleFilterError
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import driver_plan as dp
 
 
-def driver_desired(facts, branch="", version="", module_type="auto", manage="auto"):
-    """The driver the node should run; see driver_plan.desired."""
+def driver_offer_prefix(facts, source="distro"):
+    """What to ask apt for to learn the branches the node's source offers; see
+    driver_plan.offer_prefix."""
+    return dp.offer_prefix(((facts.get("os") or {}).get("id") or "").lower(), source)
+
+
+def driver_desired(
+    facts, branch="", version="", module_type="auto", manage="auto", source="distro", offers=()
+):
+    """The driver the node should run; see driver_plan.desired. `offers`: apt's
+    package names for driver_offer_prefix."""
+    os_id = ((facts.get("os") or {}).get("id") or "").lower()
+    offered = dp.offered_branches(os_id, source, offers or [])
     try:
         return dp.desired(
-            branch, version, module_type, manage, facts.get("driver") or {}, facts.get("gpus", [])
+            branch,
+            version,
+            module_type,
+            manage,
+            facts.get("driver") or {},
+            facts.get("gpus", []),
+            offered,
         )
     except dp.PlanError as exc:
         raise AnsibleFilterError(str(exc)) from exc
@@ -81,6 +98,7 @@ class FilterModule:
     def filters(self):
         return {
             "driver_desired": driver_desired,
+            "driver_offer_prefix": driver_offer_prefix,
             "driver_plan": driver_plan,
             "driver_kernel_modules": driver_kernel_modules,
             "driver_differs": driver_differs,

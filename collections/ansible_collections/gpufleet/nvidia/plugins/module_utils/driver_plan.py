@@ -40,10 +40,21 @@ MIN_BRANCH = (
 )
 
 
-# The branch of a node with no driver and none named: Debian 12's only branch (its
-# non-free archive packages 535 alone), raised to the oldest branch that runs the
-# node's newest GPU generation where that is newer (570 for Blackwell).
+# The branch of a node with no driver and none named: the newest its package source
+# offers that runs every GPU of the node. Where the source cannot be asked (its
+# repository not configured yet, dnf), 535 (Debian 12's only branch), raised to the
+# oldest branch that runs the node's newest GPU generation (570 for Blackwell).
 DEFAULT_BRANCH = 535
+# Where an apt source lists the branches it offers: the prefix to ask apt for
+# (`apt-cache pkgnames PREFIX`) and the pattern of a branch's package. Canonical's
+# server builds (nvidia-headless-<branch>-server[-open]); NVIDIA's CUDA repository
+# (cuda-drivers-<branch>, one per branch).
+OFFERED = {
+    "distro": ("nvidia-headless-", re.compile(r"^nvidia-headless-([0-9]{3})-server(?:-open)?$")),
+    "cuda-repo": ("cuda-drivers-", re.compile(r"^cuda-drivers-([0-9]{3})$")),
+}
+# Debian 12's non-free archive carries one branch.
+DEBIAN_DISTRO_BRANCHES = ("535",)
 
 
 class PlanError(ValueError):
@@ -66,17 +77,61 @@ def _computes(gpus):
     ]
 
 
-def default_branch(gpus):
-    """The branch for a node without a driver when the settings name none."""
-    oldest = max((min_branch(c)[0] for c in _computes(gpus)), default=0)
-    return str(max(DEFAULT_BRANCH, oldest))
+def offer_prefix(os_id, source):
+    """What to ask apt for to learn the branches `source` offers ('' where apt is not
+    asked: Debian's own archive, whose one branch is known, and dnf systems)."""
+    apt = os_id == "ubuntu" or (os_id == "debian" and source == "cuda-repo")
+    return OFFERED[source][0] if apt and source in OFFERED else ""
 
 
-def desired(branch, version, module_type, manage, driver, gpus):
+def offered_branches(os_id, source, names):
+    """The branches the node's source offers, from apt's package names (`names`);
+    empty where that is not known (the repository not configured yet)."""
+    if os_id == "debian" and source == "distro":
+        return list(DEBIAN_DISTRO_BRANCHES)
+    if not offer_prefix(os_id, source):
+        return []
+    pattern = OFFERED[source][1]
+    matches = (pattern.match(name.strip()) for name in names)
+    return sorted({match.group(1) for match in matches if match}, key=int)
+
+
+def _neediest(gpus):
+    """(oldest branch, generation, GPU in words) for the GPU that needs the newest."""
+    need = (0, "pre-Volta", "")
+    for gpu in gpus:
+        if gpu.get("compute_major") is None:
+            continue
+        oldest, generation = min_branch((gpu["compute_major"], gpu.get("compute_minor") or 0))
+        if oldest > need[0]:
+            name = gpu.get("name") or "unnamed"
+            need = (oldest, generation, f"GPU {gpu.get('pci_address')} ({name})")
+    return need
+
+
+def default_branch(gpus, offered=()):
+    """The branch for a node without a driver when the settings name none: the newest
+    of `offered` (the source's branches, where known) that runs every GPU."""
+    oldest, generation, where = _neediest(gpus)
+    if not offered:
+        return str(max(DEFAULT_BRANCH, oldest))
+    fit = [branch for branch in offered if int(branch) >= oldest]
+    if not fit:
+        raise PlanError(
+            f"driver_branch: the node's package source offers branch(es) "
+            f"{', '.join(sorted(offered))}, none of which runs {where}: {generation} GPUs "
+            f"need branch {oldest} or newer. Set driver_source to a source that has one, "
+            "or name driver_branch."
+        )
+    return max(fit, key=int)
+
+
+def desired(branch, version, module_type, manage, driver, gpus, offered=()):
     """Which driver the node should run: what the settings name, and for what they
     leave unset, the driver packages installed on the node (adopted) or the defaults.
 
-    `driver` is gpu_facts' driver. A driver some package installed is adopted under
+    `driver` is gpu_facts' driver; `offered` the branches the node's package source
+    offers (`offered_branches`). A driver some package installed is adopted under
     `driver_manage: auto`: its branch while the settings name neither a branch nor a
     version, its module flavour while they leave the flavour to `auto`. The adopted
     version is kept as installed (its packages held), not pinned. Returns branch,
@@ -100,20 +155,29 @@ def desired(branch, version, module_type, manage, driver, gpus):
         flavour = driver.get("module_type") if same else driver.get("installed_module_type")
         if flavour in ("open", "proprietary"):
             module_type = taken["module_type"] = flavour
+    if not branch:
+        branch = default_branch(gpus, offered)
     result = {
-        "branch": branch or default_branch(gpus),
+        "branch": branch,
         "version": version,
         "module_type": module_type,
         "adopted": bool(taken),
         "note": "",
     }
     if taken:
-        defaults = default_branch(gpus)
+        kept = f"driver {installed} ({module_type}) adopted as installed"
+        try:
+            defaults = default_branch(gpus, offered)
+        except PlanError as exc:
+            result["note"] = f"{kept}; the defaults would install none: {exc}"
+            return result
+        # Only what was taken from the node is compared: a named branch stays named.
+        defaults = defaults if "branch" in taken else branch
         default_flavour = resolve_module_type("auto", defaults, _computes(gpus))
-        if (defaults, default_flavour) != (branch or defaults, module_type):
+        by_default = (defaults, default_flavour if "module_type" in taken else module_type)
+        if by_default != (branch, module_type):
             result["note"] = (
-                f"driver {installed} ({module_type}) adopted as installed; the defaults "
-                f"would install branch {defaults} ({default_flavour})"
+                f"{kept}; the defaults would install branch {defaults} ({default_flavour})"
             )
     return result
 
