@@ -168,25 +168,34 @@ def repo_path() -> Path:
 def build_repo() -> Path:
     """Build (or reuse) the local repository; pin its signing key in the sim inventories."""
     sys.path.insert(0, str(REPO_DIR))
-    from build_repo import FINGERPRINT_FILE, build  # type: ignore[import-not-found]
+    from build_repo import (  # type: ignore[import-not-found]
+        FINGERPRINT_FILE,
+        RELEASE_SUMS,
+        build,
+    )
 
     repo = build(REPO_DIR, repo_path())
-    pin_repo_key((repo / FINGERPRINT_FILE).read_text().strip())
+    (mig_manager,) = (repo / RELEASE_SUMS).read_text().split()[:1]
+    pin_repo_key((repo / FINGERPRINT_FILE).read_text().strip(), mig_manager)
     return repo
 
 
-def pin_repo_key(fingerprint: str, paths: Sequence[Path] = REPO_KEY_VARS) -> None:
-    """Write the fingerprint of the repository's key where every sim inventory reads it.
+def pin_repo_key(
+    fingerprint: str, mig_manager_sha256: str, paths: Sequence[Path] = REPO_KEY_VARS
+) -> None:
+    """Write the fingerprint of the repository's key, and the checksum of the release
+    package of nvidia-mig-manager beside it, where every sim inventory reads them.
 
-    The key is generated with the repository, so its fingerprint is known only once the
-    repository is built: this file (not committed) is to the simulated fleet what a
-    site's group_vars naming its mirror's key are to a real one.
+    Both are made with the repository, so they are known only once it is built: this
+    file (not committed) is to the simulated fleet what a site's group_vars naming its
+    mirror's key and its copies' checksums are to a real one.
     """
     text = (
         "---\n# Written by tests/sim/fleet.py (not committed): the fingerprint of the local\n"
-        "# repository's signing key, generated with it; simulation.yml pins the roles'\n"
-        "# repository keys to it.\n"
+        "# repository's signing key, generated with it, and the checksum of the release\n"
+        "# package of nvidia-mig-manager it serves; simulation.yml pins the roles to them.\n"
         f"gpufleet_sim_repo_key_fingerprint: {fingerprint}\n"
+        f"gpufleet_sim_mig_manager_checksum: sha256:{mig_manager_sha256}\n"
     )
     for path in paths:
         if not path.is_file() or path.read_text(encoding="utf-8") != text:

@@ -49,6 +49,12 @@ TOOLKIT_BUILD = Path(__file__).resolve().parent.parent / "toolkit" / "build.sh"
 # deployments/systemd), built and taken from its Go module by this script.
 MIGPARTED_BUILD = Path(__file__).resolve().parent.parent / "migparted" / "build.sh"
 MIG_MANAGER_VERSION = "0.10.0-1"
+# Upstream publishes nvidia-mig-manager as assets of mig-parted's releases, not in a
+# package repository: served here under the same path as on GitHub, with the sha256
+# of each asset in RELEASE_SUMS at the top of the built tree (what a site's mirror
+# records beside its copies).
+MIG_RELEASES = "mig-parted/releases/download"
+RELEASE_SUMS = "release-assets.sha256"
 # Sources of package files that are not stand-ins: NVIDIA's binaries of the toolkit
 # version being packaged, and the config its nvidia-ctk writes by default.
 REAL = "toolkit:"
@@ -385,6 +391,19 @@ def _sign_repo(repo: Path, gnupg: Path, key_id: str, label: str) -> None:
     )
 
 
+def _release_assets(staging: Path) -> None:
+    """Move nvidia-mig-manager out of the CUDA repository to where mig-parted's
+    releases keep it, and list the sha256 of each release asset."""
+    upstream = MIG_MANAGER_VERSION.rsplit("-", 1)[0]
+    name = f"nvidia-mig-manager_{MIG_MANAGER_VERSION}_amd64.deb"
+    release = staging / MIG_RELEASES / f"v{upstream}"
+    release.mkdir(parents=True)
+    asset = release / name
+    (staging / CUDA_REPO / name).rename(asset)
+    digest = hashlib.sha256(asset.read_bytes()).hexdigest()
+    (staging / RELEASE_SUMS).write_text(f"{digest}  {MIG_RELEASES}/v{upstream}/{name}\n")
+
+
 def source_hash(source_dir: Path) -> str:
     digest = hashlib.sha256()
     for path in sorted([Path(__file__), *(source_dir / "standins").iterdir()]):
@@ -431,6 +450,7 @@ def build(source_dir: Path, out: Path) -> Path:
             (staging / repo).mkdir(parents=True)
         for pkg in packages():
             _build_deb(pkg, standins, work, staging / pkg.repo)
+        _release_assets(staging)
         armoured = subprocess.run(
             ["gpg", "--armor", "--export", key_id], env=env, check=True, capture_output=True
         ).stdout

@@ -139,6 +139,10 @@ _SELECTOR = (
     'an apt_preferences "Pin:" value such as "origin developer.download.nvidia.com" or '
     '"release l=CUDA" (or empty)',
 )
+_OPTIONAL_CHECKSUM = (
+    _optional(_match(_CHECKSUM)),
+    "sha256:<64 hex digits> or sha512:<128 hex digits> (or empty)",
+)
 _OPTIONAL_PACKAGE_VERSION = (
     _optional(_match(_DEB_VERSION)),
     'a Debian package version such as "3.3.9" or "1:3.3.9-1" (or empty: the newest)',
@@ -230,10 +234,12 @@ RULES = {
     "mig_config": (_optional(_match(_MIG_CONFIG)), "a layout name of the MIG file (or empty)"),
     "mig_config_file": _OPTIONAL_PATH,
     "mig_manager_package": (_match(_PACKAGE), "a Debian package name"),
-    "mig_manager_version": _OPTIONAL_PACKAGE_VERSION,
-    "mig_repo_base_url": _URL,
-    "mig_repo_key_fingerprints": _KEY_FINGERPRINTS,
-    "mig_repo_apt_selector": _SELECTOR,
+    "mig_manager_version": (
+        _match(re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+$")),
+        'a mig-parted release such as "0.10.0"',
+    ),
+    "mig_manager_release_url": _URL,
+    "mig_manager_package_checksum": _OPTIONAL_CHECKSUM,
     "mig_gpu_consumers": _UNIT_NAMES,
     "toolkit_apt_lock_timeout": _LOCK_TIMEOUT,
     "toolkit_version": (
@@ -275,10 +281,7 @@ RULES = {
     "device_plugin_validations_dir": _PATH,
     "device_plugin_host_config_dir": _PATH,
     "device_plugin_host_binary_url": (_optional(_url), _URL[1] + " (or empty)"),
-    "device_plugin_host_binary_checksum": (
-        _optional(_match(_CHECKSUM)),
-        "sha256:<64 hex digits> or sha512:<128 hex digits> (or empty)",
-    ),
+    "device_plugin_host_binary_checksum": _OPTIONAL_CHECKSUM,
     "exporter_apt_lock_timeout": _LOCK_TIMEOUT,
     "exporter_repo_base_url": _URL,
     "exporter_repo_key_fingerprints": _KEY_FINGERPRINTS,
