@@ -98,6 +98,9 @@ class Reconciler:
             while True:
                 report = self.cycle()
                 if once or self.stop.requested or not self._wait(report):
+                    # A stop that came after the cycle ended (while it waited, or from a
+                    # batch's thread) interrupts the run all the same.
+                    report.interrupted = self.stop.requested
                     rolling.finish_batches(self.ctx, report)
                     return report
         finally:
