@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 from conftest import PROJECT, run_local_module
@@ -195,3 +196,11 @@ def test_a_plan_before_tomlkit_is_installed_predicts_the_change_and_asks_the_run
     assert config.read_text() == ORIGINAL
     applied = run_module(args)
     assert applied.get("failed") and "tomlkit" in applied["msg"], applied
+    # On a node where the role is yet to install containerd: no config, no client.
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    system = "/usr/bin:/bin:/usr/sbin:/sbin:/usr/local/sbin"
+    assert shutil.which("ctr", path=system) is None, "a machine without containerd's ctr"
+    fresh = {"runtime": "containerd", "config_path": str(tmp_path / "absent" / "config.toml")}
+    planned = run_module(fresh, "--check")
+    assert (planned["running_containers"], planned["restart_disrupts"]) == (0, False), planned
+    assert planned["restart_impact"] == "containerd is not installed yet: nothing runs on it"

@@ -246,8 +246,16 @@ def _count(module, argv, running_only=False):
     return len(lines)
 
 
-def _restart_impact(module, runtime):
+# The client the restart's impact is asked of, per runtime.
+CLIENTS = {"docker": "docker", "containerd": "ctr", "crio": "crictl"}
+
+
+def _restart_impact(module, runtime, config_path):
     """(running containers or None, restart disrupts them, in words)."""
+    if not os.path.exists(config_path) and module.get_bin_path(CLIENTS[runtime]) is None:
+        # Neither its configuration nor its client: the runtime is not installed yet
+        # (the role installs it in the apply), so nothing runs on it.
+        return 0, False, f"{runtime} is not installed yet: nothing runs on it"
     if runtime == "docker":
         out = _ask(
             module, ["docker", "info", "--format", "{{.ContainersRunning}} {{.LiveRestoreEnabled}}"]
@@ -326,7 +334,9 @@ def main():
         # A plan before the role has installed python3-tomlkit (a node's first
         # contact): the edit cannot be worked out, so a change is predicted, with what
         # the restart it brings would do to the containers running now.
-        running, disrupts, why = _restart_impact(module, runtime)
+        running, disrupts, why = _restart_impact(
+            module, runtime, p["config_path"] or DEFAULT_PATHS[runtime]
+        )
         module.exit_json(
             changed=True,
             predicted=True,
@@ -417,7 +427,7 @@ def main():
 
     changed = bool(result["changed_files"] or result["removed_files"])
     if changed and module.check_mode:
-        running, disrupts, why = _restart_impact(module, runtime)
+        running, disrupts, why = _restart_impact(module, runtime, config_path)
         result.update(running_containers=running, restart_disrupts=disrupts, restart_impact=why)
     module.exit_json(changed=changed, diff=diffs, **result)
 
