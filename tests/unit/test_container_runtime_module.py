@@ -200,6 +200,7 @@ def test_a_plan_before_tomlkit_is_installed_predicts_the_change_and_asks_the_run
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
     system = "/usr/bin:/bin:/usr/sbin:/sbin:/usr/local/sbin"
     assert shutil.which("ctr", path=system) is None, "a machine without containerd's ctr"
+    assert not Path("/run/containerd/containerd.sock").exists(), "nor containerd running"
     fresh = {"runtime": "containerd", "config_path": str(tmp_path / "absent" / "config.toml")}
     planned = run_module(fresh, "--check")
     assert (planned["running_containers"], planned["restart_disrupts"]) == (0, False), planned

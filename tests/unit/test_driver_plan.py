@@ -509,9 +509,9 @@ def test_a_bare_node_gets_the_newest_offered_branch_that_runs_its_gpus():
     with pytest.raises(dp.PlanError) as refused:
         dp.default_branch([T4, B200], ["535"])
     assert str(refused.value) == (
-        "driver_branch: the node's package source offers branch(es) 535, none of which "
-        "runs GPU 0000:1b:00.0 (NVIDIA B200): Blackwell GPUs need branch 570 or newer. Set "
-        "driver_source to a source that has one, or name driver_branch."
+        "driver_branch: the node's package source offers branch(es) 535, none of which runs "
+        "every GPU of the node (GPU 0000:1b:00.0 (NVIDIA B200): Blackwell GPUs need branch "
+        "570 or newer). Set driver_source to a source that has one, or name driver_branch."
     )
 
 
@@ -528,7 +528,44 @@ def test_an_adopted_driver_is_kept_where_the_defaults_could_install_none():
 def test_a_named_branch_is_not_compared_with_the_defaults():
     # Branch named, flavour adopted as the defaults would choose it: nothing to say.
     chosen = _desired(_driver("550.163.01", "proprietary"), branch="550", offered=["535"])
-    assert (chosen["adopted"], chosen["note"]) == (True, "")
+    assert (chosen["adopted"], chosen["note"]) == (False, "")
     # Branch 570 named: auto would pick open there, so the proprietary kept is said.
     chosen = _desired(_driver("570.172.08", "proprietary"), branch="570")
     assert chosen["note"].endswith("the defaults would install branch 570 (open)")
+
+
+def test_a_named_branch_with_an_adopted_flavour_is_checked_and_refused_as_named():
+    """Only the flavour comes from the node: the branch the site named is checked
+    against the GPUs and the source, never left as it is."""
+    node = {**facts("debian", "12"), "gpus": [T4], "driver": _driver("535.261.03", "open")}
+    chosen = _desired(node["driver"], branch="550")
+    assert (chosen["module_type"], chosen["adopted"]) == ("open", False)
+    with pytest.raises(AnsibleFilterError, match="only the 535 branch, not 550"):
+        driver_plan(node, chosen["branch"], CUDA, module_type="open", adopted=chosen["adopted"])
+    volta = _gpu((7, 0), name="Tesla V100", device="0x1db4")
+    with pytest.raises(dp.PlanError, match="the 580 series is the last to run Volta GPUs"):
+        dp.check_gpus("590", "proprietary", [volta])
+
+
+def test_volta_caps_the_default_branch_at_580():
+    volta = _gpu((7, 0), name="Tesla V100", device="0x1db4")
+    assert dp.default_branch([volta, T4], ["535", "580", "590"]) == "580"
+    with pytest.raises(dp.PlanError, match="and Volta or older ones 580 or older"):
+        dp.default_branch([volta, B200], ["590"])
+
+
+def test_always_keeps_the_default_steady_whatever_the_source_lists():
+    # A first run before NVIDIA's repository is configured, and the next, agree.
+    bare = _driver()
+    assert _desired(bare, manage="always")["branch"] == "535"
+    assert _desired(bare, manage="always", offered=["535", "580"])["branch"] == "535"
+    assert _desired(bare, offered=["535", "580"])["branch"] == "580", "auto: adopted later"
+
+
+def test_only_a_loaded_driver_is_left_as_it_is():
+    node = {**facts("debian", "12"), "gpus": [T4], "driver": _driver(installed="550.163.01")}
+    node["driver"]["installed_module_type"] = "open"
+    chosen = _desired(node["driver"])
+    assert chosen["adopted"] is True
+    with pytest.raises(AnsibleFilterError, match="only the 535 branch, not 550"):
+        driver_plan(node, chosen["branch"], CUDA, module_type="open", adopted=True)

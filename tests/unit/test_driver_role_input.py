@@ -117,7 +117,7 @@ def test_a_blackwell_gpu_where_the_source_offers_no_branch_for_it_is_refused(tmp
     rc, report = run_driver_role(tmp_path, "0x2901")
     assert rc != 0
     assert (
-        "the node's package source offers branch(es) 535, none of which runs GPU "
-        "0000:18:00.0 (NVIDIA B200): Blackwell GPUs need branch 570 or newer"
+        "the node's package source offers branch(es) 535, none of which runs every GPU "
+        "of the node (GPU 0000:18:00.0 (NVIDIA B200): Blackwell GPUs need branch 570 or newer)"
     ) in failure(report)
     assert report["stats"]["localhost"]["changed"] == 0

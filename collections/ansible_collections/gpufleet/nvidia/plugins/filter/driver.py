@@ -48,9 +48,10 @@ def driver_plan(
     debian_security_mirror="http://deb.debian.org/debian-security",
     adopted=False,
 ):
-    """The install plan. For an adopted driver (`adopted`) that these settings cannot
-    install (another source's packages, a branch the source lacks), no plan but
-    `{"as_is": why}`: the driver is left as the node has it."""
+    """The install plan. For an adopted driver (`adopted`: its branch taken from the
+    node), loaded, that these settings cannot install (another source's packages, a
+    branch the source lacks), no plan but `{"as_is": why}`: the driver is left as the
+    node has it."""
     computes = [
         (g["compute_major"], g["compute_minor"] or 0)
         for g in facts.get("gpus", [])
@@ -79,7 +80,8 @@ def driver_plan(
             fabricmanager=wants_fm,
         )
     except dp.PlanError as exc:
-        if adopted:
+        # Only a driver that runs is left as it is; any other is refused as named.
+        if adopted and (facts.get("driver") or {}).get("state") == "loaded":
             return {"as_is": str(exc)}
         raise AnsibleFilterError(str(exc)) from exc
 

@@ -39,6 +39,19 @@ MIN_BRANCH = (
     ((7, 0), 384, "Volta"),
 )
 
+# The newest branch that still runs a generation: NVIDIA's Unix graphics deprecation
+# schedule says the 580 series is the last for Maxwell, Pascal and Volta (below
+# compute 7.5).
+MAX_BRANCH = (((7, 5), None, ""), ((0, 0), 580, "Volta and older"))
+
+
+def max_branch(compute):
+    """The newest branch that runs a GPU of compute capability `compute` (None: no end)."""
+    for since, branch, _generation in MAX_BRANCH:
+        if compute >= since:
+            return branch
+    return None
+
 
 # The branch of a node with no driver and none named: the newest its package source
 # offers that runs every GPU of the node. Where the source cannot be asked (its
@@ -97,31 +110,43 @@ def offered_branches(os_id, source, names):
 
 
 def _neediest(gpus):
-    """(oldest branch, generation, GPU in words) for the GPU that needs the newest."""
-    need = (0, "pre-Volta", "")
+    """(oldest branch, generation, GPU in words) for the GPU that needs the newest, and
+    the newest branch that runs the oldest GPU (None: no end)."""
+    need, newest = (0, "pre-Volta", ""), None
     for gpu in gpus:
         if gpu.get("compute_major") is None:
             continue
-        oldest, generation = min_branch((gpu["compute_major"], gpu.get("compute_minor") or 0))
+        compute = (gpu["compute_major"], gpu.get("compute_minor") or 0)
+        oldest, generation = min_branch(compute)
         if oldest > need[0]:
             name = gpu.get("name") or "unnamed"
             need = (oldest, generation, f"GPU {gpu.get('pci_address')} ({name})")
-    return need
+        last = max_branch(compute)
+        if last is not None and (newest is None or last < newest):
+            newest = last
+    return (*need, newest)
 
 
 def default_branch(gpus, offered=()):
     """The branch for a node without a driver when the settings name none: the newest
     of `offered` (the source's branches, where known) that runs every GPU."""
-    oldest, generation, where = _neediest(gpus)
+    oldest, generation, where, newest = _neediest(gpus)
     if not offered:
         return str(max(DEFAULT_BRANCH, oldest))
-    fit = [branch for branch in offered if int(branch) >= oldest]
+    fit = [
+        branch
+        for branch in offered
+        if int(branch) >= oldest and (newest is None or int(branch) <= newest)
+    ]
     if not fit:
+        needs = f"{generation} GPUs need branch {oldest} or newer"
+        if newest is not None:
+            needs += f", and Volta or older ones {newest} or older"
         raise PlanError(
             f"driver_branch: the node's package source offers branch(es) "
-            f"{', '.join(sorted(offered))}, none of which runs {where}: {generation} GPUs "
-            f"need branch {oldest} or newer. Set driver_source to a source that has one, "
-            "or name driver_branch."
+            f"{', '.join(sorted(offered))}, none of which runs every GPU of the node "
+            f"({where}: {needs}). Set driver_source to a source that has one, or name "
+            "driver_branch."
         )
     return max(fit, key=int)
 
@@ -136,7 +161,7 @@ def desired(branch, version, module_type, manage, driver, gpus, offered=()):
     version, its module flavour while they leave the flavour to `auto`. The adopted
     version is kept as installed (its packages held), not pinned. Returns branch,
     version and module_type (as requested: open, proprietary or auto) for `plan`,
-    `adopted` (whether anything was taken from the node), and `note`: what was
+    `adopted` (whether the branch was taken from the node), and `note`: what was
     adopted, said where it differs from what the defaults would install (empty where
     the node runs what the defaults would give it anyway).
     """
@@ -156,12 +181,16 @@ def desired(branch, version, module_type, manage, driver, gpus, offered=()):
         if flavour in ("open", "proprietary"):
             module_type = taken["module_type"] = flavour
     if not branch:
-        branch = default_branch(gpus, offered)
+        # Under `always` the defaults do not follow the source's list: a first run
+        # (NVIDIA's repository not configured yet) and the next must agree.
+        branch = default_branch(gpus, offered if manage == "auto" else ())
     result = {
         "branch": branch,
         "version": version,
         "module_type": module_type,
-        "adopted": bool(taken),
+        # The driver itself came from the node (its branch): it is not checked against
+        # the GPUs (it runs them) and is left as it is where the settings cannot install it.
+        "adopted": "branch" in taken,
         "note": "",
     }
     if taken:
@@ -200,6 +229,12 @@ def check_gpus(branch, module_type, gpus):
             continue
         compute = (gpu["compute_major"], gpu.get("compute_minor") or 0)
         oldest, generation = min_branch(compute)
+        last = max_branch(compute)
+        if last is not None and int(branch) > last:
+            raise PlanError(
+                f"driver_branch: {branch} does not support {where}: the {last} series is "
+                f"the last to run {generation} GPUs (compute {compute[0]}.{compute[1]})"
+            )
         if int(branch) < oldest:
             raise PlanError(
                 f"driver_branch: {branch} does not support {where}: {generation} GPUs "

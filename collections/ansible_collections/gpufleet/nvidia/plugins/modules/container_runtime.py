@@ -246,15 +246,25 @@ def _count(module, argv, running_only=False):
     return len(lines)
 
 
-# The client the restart's impact is asked of, per runtime.
+# The client the restart's impact is asked of, per runtime, and the sockets the
+# runtime listens on while it runs (its own, k3s's and RKE2's for containerd).
 CLIENTS = {"docker": "docker", "containerd": "ctr", "crio": "crictl"}
+SOCKETS = {
+    "docker": ("/run/docker.sock", "/var/run/docker.sock"),
+    "containerd": ("/run/containerd/containerd.sock", "/run/k3s/containerd/containerd.sock"),
+    "crio": ("/run/crio/crio.sock", "/var/run/crio/crio.sock"),
+}
 
 
 def _restart_impact(module, runtime, config_path):
     """(running containers or None, restart disrupts them, in words)."""
-    if not os.path.exists(config_path) and module.get_bin_path(CLIENTS[runtime]) is None:
-        # Neither its configuration nor its client: the runtime is not installed yet
-        # (the role installs it in the apply), so nothing runs on it.
+    if (
+        not os.path.exists(config_path)
+        and module.get_bin_path(CLIENTS[runtime]) is None
+        and not any(os.path.exists(socket) for socket in SOCKETS[runtime])
+    ):
+        # No configuration, no client, no socket: the runtime is not installed yet (the
+        # role installs it in the apply), so nothing runs on it.
         return 0, False, f"{runtime} is not installed yet: nothing runs on it"
     if runtime == "docker":
         out = _ask(
