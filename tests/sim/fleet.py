@@ -13,6 +13,9 @@ repository (`repo`) mounted read-only at /srv/gpufleet-repo.
                                                # shortcut: a copy of a converged node's disk
     python tests/sim/fleet.py list | status | reboot NODE | down [NODE ...]
     python tests/sim/fleet.py drift NODE stop-service nvidia-persistenced
+    python tests/sim/fleet.py fault NODE xid --gpu 0 --code 79   # or ecc-dbe, remap-pending,
+                                               # remap-failure, lost, throttle, pcie-degraded
+    python tests/sim/fleet.py fault NODE clear
     python tests/sim/fleet.py cluster          # a control plane with one Node per running node
     python tests/sim/fleet.py cluster-down     # stop it (see tests/sim/cluster.py)
     python tests/sim/fleet.py slurm sim-cpu sim-t4 sim-a100  # Slurm: controller, GPU nodes
@@ -414,6 +417,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     drift = sub.add_parser("drift", help="inject drift on a node (see `gpusim drift -h`)")
     drift.add_argument("name")
     drift.add_argument("drift_args", nargs=argparse.REMAINDER)
+    fault = sub.add_parser("fault", help="inject a GPU fault on a node (see `gpusim fault -h`)")
+    fault.add_argument("name")
+    fault.add_argument("fault_args", nargs=argparse.REMAINDER)
     cluster_parser = sub.add_parser(
         "cluster",
         help="start (or keep) the test control plane, register one Node per running "
@@ -484,9 +490,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "slurm-down":
             for name in slurm.down():
                 print(f"{name}: stopped")
-        elif args.command == "drift":
+        elif args.command in ("drift", "fault"):
+            verb_args = args.drift_args if args.command == "drift" else args.fault_args
             result = podman(
-                "exec", args.name, "/opt/gpusim/bin/gpusim", "drift", *args.drift_args, check=False
+                "exec", args.name, "/opt/gpusim/bin/gpusim", args.command, *verb_args, check=False
             )
             sys.stdout.write(result.stdout)
             sys.stderr.write(result.stderr)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ansible_collections.gpufleet.nvidia.plugins.module_utils import smi
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import gpu_health, smi
 from conftest import NVIDIA_SMI, PROJECT, mock_nvml_library, nvml_env
 from gpusim import node, profiles
 
@@ -360,3 +360,107 @@ def test_utilization_of_a_gpu_in_mig_mode_is_not_available(gpu_node):
     assert rows and all(row[1] == "Enabled" for row in rows), out
     assert {row[2] for row in rows} == {"[N/A]"}, out
     assert all(row[3].isdigit() for row in rows), out
+
+
+def test_health_through_debians_nvidia_smi_falls_back_and_reads_no_fault(gpu_node):
+    """Debian's 535 nvidia-smi refuses the remapped rows in --query-gpu; the health query
+    asks again without them and reads them with --query-remapped-rows, which prints its
+    flags as numbers (580's --query-gpu prints "No"/"Yes"). A healthy board: no signal."""
+    prof = gpu_node("a100-mig")
+    calls = []
+
+    def run(argv):
+        calls.append(argv[1].partition("=")[0])
+        done = gpu_node.run(*argv[1:])
+        return done.returncode, done.stdout, done.stderr
+
+    rows, unreachable, error = gpu_health.query(run, "nvidia-smi", smi.QUERY_FIELDS)
+    assert (unreachable, error) == ({}, None)
+    assert calls == ["--query-gpu", "--query-gpu", "--query-remapped-rows"]
+    assert [r["pci.bus_id"] for r in rows] == [g.bus_id for g in prof.gpus]
+    assert {(r["remapped_rows.pending"], r["remapped_rows.failure"]) for r in rows} == {("0", "0")}
+    assert {r["pcie.link.width.current"] for r in rows} == {"16"}
+    assert gpu_health.gpu_health(rows, unreachable) == {
+        gpu_health.pci_address(g.bus_id): {"action": "none", "signals": []} for g in prof.gpus
+    }
+
+
+def _health(gpu_node, addresses=()) -> dict:
+    """gpu_health's reading of what Debian's nvidia-smi prints on the node now."""
+
+    def run(argv):
+        done = gpu_node.run(*argv[1:])
+        return done.returncode, done.stdout, done.stderr
+
+    rows, unreachable, error = gpu_health.query(run, "nvidia-smi", smi.QUERY_FIELDS)
+    assert error is None
+    return gpu_health.gpu_health(rows, unreachable, None, addresses)
+
+
+def _kinds(health: dict, address: str) -> list[tuple[str, str]]:
+    return [(s["kind"], s["action"]) for s in health[address]["signals"]]
+
+
+def test_injected_faults_reach_nvidia_smi_and_the_health_reader(gpu_node):
+    """`gpusim fault` writes what the board would report; Debian's nvidia-smi reads it
+    through the mock NVML and prints it its own way; gpu_health reads that."""
+    from gpusim import faults
+
+    prof = gpu_node("a100-mig")
+    first, second = (gpu_health.pci_address(g.bus_id) for g in prof.gpus)
+    faults.inject(prof, "ecc-dbe", 0)
+    faults.inject(prof, "throttle", 1)
+    faults.inject(prof, "pcie-degraded", 1)
+    health = _health(gpu_node)
+    assert _kinds(health, first) == [("ecc-dbe", "watch"), ("remap-pending", "reset")]
+    assert _kinds(health, second) == [("hw-slowdown", "watch"), ("pcie-width", "watch")]
+    assert "x8 of x16" in health[second]["signals"][1]["detail"]
+    # The driver logged the double-bit error as Xid 48, in the node's kernel log.
+    log, _ = gpu_health.read_kernel_log(str(node.DEV / "kmsg"))
+    events = gpu_health.parse_kmsg(log)
+    assert [(e["pci_address"], e["xid"], e["action"]) for e in events] == [(first, 48, "reset")]
+    assert "NVRM: loading NVIDIA UNIX x86_64 Kernel Module  535.261.03" in log
+
+    # A reset of the first GPU completes the remapping; what the second keeps stays.
+    faults.at_reset(0)
+    health = _health(gpu_node)
+    assert _kinds(health, first) == []
+    assert [k for k, _ in _kinds(health, second)] == ["hw-slowdown", "pcie-width"]
+    faults.clear()
+    assert all(not h["signals"] for h in _health(gpu_node).values())
+
+
+def test_a_turing_board_retires_pages_instead_of_remapping_rows(gpu_node):
+    from gpusim import faults
+
+    prof = gpu_node("t4-1")
+    faults.inject(prof, "ecc-dbe", 0)
+    [health] = _health(gpu_node).values()
+    assert [s["kind"] for s in health["signals"]] == ["ecc-dbe", "retire-pending"]
+
+
+def test_a_lost_gpu_is_named_by_nvidia_smi_and_read_as_lost_until_a_reboot(gpu_node):
+    from gpusim import faults
+
+    prof = gpu_node("a100-mig")
+    faults.inject(prof, "lost", 1)
+    query = gpu_node.run(*smi.query_args(("index", "pci.bus_id")))
+    # Debian's 535 names the GPU by index here, and prints no row for the other one.
+    assert (query.returncode, query.stdout.strip()) == (
+        15,
+        "Unable to determine the device handle for GPU1: GPU is lost.  "
+        "Reboot the system to recover this GPU",
+    )
+    addresses = [gpu_health.pci_address(g.bus_id) for g in prof.gpus]
+    health = _health(gpu_node, addresses)
+    assert health == {
+        addresses[1]: {"action": "reboot", "signals": [health[addresses[1]]["signals"][0]]}
+    }
+    assert _kinds(health, addresses[1]) == [("lost", "reboot")]
+    faults.inject(prof, "remap-failure", 0)
+    faults.at_boot(prof)  # what the node's reboot does
+    health = _health(gpu_node)
+    assert _kinds(health, addresses[1]) == []
+    assert _kinds(health, addresses[0]) == [("remap-failure", "replace")]
+    log, _ = gpu_health.read_kernel_log(str(node.DEV / "kmsg"))
+    assert log == ""  # a new boot, a new log

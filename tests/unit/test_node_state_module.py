@@ -14,11 +14,26 @@ from pathlib import Path
 
 import pytest
 
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import gpu_health as gh
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import node_state as ns
 from conftest import run_local_module
 
 T4 = "0000:3b:00.0"
 A100 = "0000:af:00.0"
+# A healthy GPU's health fields as a real H200 (driver 580.159.04) printed them with
+# nounits (fixtures/nvidia-smi/h200-580.159.04.health.csv).
+HEALTHY = {
+    "ecc.errors.uncorrected.volatile.total": "0",
+    "retired_pages.pending": "[N/A]",
+    "clocks_throttle_reasons.active": "0x0000000000000001",
+    "pcie.link.gen.current": "5",
+    "pcie.link.gen.max": "5",
+    "pcie.link.width.current": "16",
+    "pcie.link.width.max": "16",
+    "remapped_rows.pending": "No",
+    "remapped_rows.failure": "No",
+    "gpu_recovery_action": "None",
+}
 
 
 class FakeNode:
@@ -36,6 +51,12 @@ class FakeNode:
         # PCI bus id -> profiles of its MIG devices as `nvidia-smi -L` lists them
         self.mig_devices: dict[str, list[str]] = {}
         self.smi_rc = 0
+        # False: the driver's --query-gpu lacks gpu_health.NEWER_FIELDS (as 535's does).
+        self.newer_fields = True
+        # PCI bus id -> health fields that differ from HEALTHY
+        self.health: dict[str, dict[str, str]] = {}
+        # PCI bus id -> nvidia-smi's words for a GPU it cannot open
+        self.lost: dict[str, str] = {}
         self.calls: list[list[str]] = []
 
     def load_driver(self, version: str, taint: str = "P") -> None:
@@ -89,12 +110,36 @@ class FakeNode:
                         for i, profile in enumerate(self.mig_devices.get(bus, []))
                     ]
                 return 0, "\n".join(lines) + "\n", ""
-            assert argv[1] == "--query-gpu=pci.bus_id,uuid,mig.mode.current"
-            rows = [
-                f"00000000:{bus[5:].upper()}, GPU-{bus}, {mig}" for bus, mig in self.gpus.items()
-            ]
-            return 0, "\n".join(rows) + "\n", ""
+            return self.query(argv[1])
         raise AssertionError(f"unexpected program {argv}")
+
+    def query(self, argument: str) -> tuple[int, str, str]:
+        """nvidia-smi --query-gpu or --query-remapped-rows, nounits, no header."""
+        kind, _, names = argument.partition("=")
+        fields = names.split(",")
+        if kind == "--query-remapped-rows":
+            fields = ["pci.bus_id" if f == "gpu_bus_id" else f for f in fields]
+        else:
+            assert kind == "--query-gpu" and fields[:3] == [
+                "pci.bus_id",
+                "uuid",
+                "mig.mode.current",
+            ]
+        refused = [f for f in fields if f in gh.NEWER_FIELDS and not self.newer_fields]
+        if kind == "--query-gpu" and refused:
+            return 2, f'Field "{refused[0]}" is not a valid field to query.\n\n', ""
+        lines = []
+        for bus, mig in self.gpus.items():
+            pci_bus_id = f"00000000:{bus[5:].upper()}"
+            if bus in self.lost:
+                lines.append(
+                    f"Unable to determine the device handle for GPU {pci_bus_id}: {self.lost[bus]}"
+                )
+                continue
+            values = {"pci.bus_id": pci_bus_id, "uuid": f"GPU-{bus}", "mig.mode.current": mig}
+            values |= HEALTHY | self.health.get(bus, {})
+            lines.append(", ".join(values[f] for f in fields))
+        return (15 if self.lost else 0), "\n".join(lines) + "\n", ""
 
     def reader(self, **kwargs) -> ns.Reader:
         return ns.Reader(self.run, self.which, str(self.sysfs), **kwargs)
@@ -508,3 +553,113 @@ def test_record_needs_valid_components(tmp_path):
     assert bad["failed"] is True
     assert "components.x.packages: 'a b' is not a package name" in bad["msg"]
     assert not path.exists()
+
+
+# --- health, read with the probe's own nvidia-smi call ------------------------------
+
+XID_LOG = (
+    "6,1201,5000000,-;NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  580.159.04\n"
+    "4,1302,81000000,-;NVRM: Xid (PCI:0000:af:00): 79, pid='<unknown>', name=<unknown>, "
+    "GPU has fallen off the bus.\n"
+    " SUBSYSTEM=pci\n"
+    " DEVICE=+pci:0000:af:00.0\n"
+)
+
+
+def test_health_comes_with_the_probes_one_nvidia_smi_call(node, components, tmp_path):
+    reader = node.reader()
+    ns.current_record(reader, components)
+    log = tmp_path / "kmsg"
+    log.write_text("6,1201,5000000,-;NVRM: loading NVIDIA UNIX Open Kernel Module\n")
+    health = reader.health(kernel_log=str(log))
+    assert [os.path.basename(c[0]) for c in node.calls].count("nvidia-smi") == 1
+    assert health["action"] == "none"
+    assert health["gpus"] == {
+        T4: {"action": "none", "signals": []},
+        A100: {"action": "none", "signals": []},
+    }
+    assert health["xid_events"] == []
+
+
+def test_a_driver_without_the_newer_fields_reads_remapped_rows_on_their_own(node, components):
+    node.newer_fields = False
+    node.health = {A100: {"remapped_rows.failure": "Yes"}}
+    health = node.reader().health(kernel_log="/nonexistent/kmsg")
+    asked = [c[1].partition("=")[0] for c in node.calls]
+    assert asked == ["--query-gpu", "--query-gpu", "--query-remapped-rows"]
+    assert health["gpus"][A100]["action"] == "replace"
+    assert [s["kind"] for s in health["gpus"][A100]["signals"]] == ["remap-failure"]
+    assert health["xid_events"] is None
+    assert health["kernel_log_error"].startswith("cannot read /nonexistent/kmsg")
+
+
+def test_a_failing_gpu_is_named_with_what_it_asks_for_and_is_not_drift(node, components, tmp_path):
+    recorded = ns.current_record(node.reader(), components)
+    node.health = {
+        T4: {
+            "clocks_throttle_reasons.active": "0x0000000000000048",
+            "pcie.link.width.current": "8",
+        },
+        A100: {"remapped_rows.pending": "Yes", "ecc.errors.uncorrected.volatile.total": "2"},
+    }
+    reader = node.reader()
+    assert ns.compare(recorded, ns.current_record(reader, components)) == {}
+    log = tmp_path / "kmsg"
+    log.write_text(XID_LOG)
+    health = reader.health({"pcie-width": "none"}, kernel_log=str(log))
+    assert health["action"] == "reset"
+    t4 = health["gpus"][T4]
+    assert [(s["kind"], s["action"]) for s in t4["signals"]] == [
+        ("hw-slowdown", "watch"),
+        ("hw-thermal-slowdown", "watch"),
+        ("pcie-width", "none"),  # the site's override
+    ]
+    assert t4["action"] == "watch"
+    a100 = health["gpus"][A100]["signals"]
+    assert [(s["kind"], s["action"]) for s in a100] == [
+        ("ecc-dbe", "watch"),
+        ("remap-pending", "reset"),
+    ]
+    assert a100[0]["detail"].endswith(": 2 since the driver loaded")
+    [event] = health["xid_events"]
+    assert (event["seq"], event["pci_address"], event["xid"], event["action"]) == (
+        1302,
+        A100,
+        79,
+        "reboot",
+    )
+    assert event["message"] == "GPU has fallen off the bus."
+
+
+def test_a_gpu_nvidia_smi_cannot_open_is_lost_and_the_others_still_read(node, components):
+    recorded = ns.current_record(node.reader(), components)
+    node.lost = {A100: "GPU is lost.  Reboot the system to recover this GPU"}
+    reader = node.reader()
+    drift = ns.compare(recorded, ns.current_record(reader, components))
+    assert [(e["name"], e["current"]) for e in drift["mig"]] == [(A100, None)]
+    health = reader.health(kernel_log="/nonexistent/kmsg")
+    assert health["gpus"][T4] == {"action": "none", "signals": []}
+    [lost] = health["gpus"][A100]["signals"]
+    assert (lost["kind"], lost["action"]) == ("lost", "reboot")
+    assert lost["detail"].endswith(
+        "nvidia-smi: GPU is lost.  Reboot the system to recover this GPU"
+    )
+    assert health["action"] == "reboot"
+
+
+def test_an_unloaded_driver_gives_no_gpu_health_and_asks_nothing(node, components):
+    (node.sysfs / "module" / "nvidia" / "version").unlink()
+    health = node.reader().health(kernel_log="/nonexistent/kmsg")
+    assert (health["gpus"], health["action"]) == (None, "none")
+    assert node.calls == []
+
+
+def test_the_probe_module_reports_health_and_refuses_a_bad_override(tmp_path):
+    probed = run_module({"path": str(tmp_path / "applied.json"), "sysfs_root": str(tmp_path)})
+    assert probed["recorded"] is False
+    assert probed["health"]["gpus"] is None  # no nvidia module in this sysfs
+    bad = run_module(
+        {"path": str(tmp_path / "applied.json"), "health_actions": {"xid:79": "panic"}}
+    )
+    assert bad["failed"] is True
+    assert "health_actions (gpu_health_actions): 'xid:79': 'panic' is not one of" in bad["msg"]

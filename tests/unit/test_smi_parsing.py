@@ -10,6 +10,7 @@ import pytest
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import (
     discovery,
+    gpu_models,
     mig_profiles,
     pci,
     smi,
@@ -262,3 +263,55 @@ def test_simulated_mig_minors_number_capabilities_as_the_real_driver():
         "/dev/nvidia-caps/nvidia-cap12",
         "/dev/nvidia-caps/nvidia-cap13",
     ]
+
+
+# --- a real H200, driver 580.159.04, MIG disabled (captured 2026-11-26) ----------------
+
+H200 = "h200-580.159.04"
+
+
+def _h200(suffix: str) -> str:
+    return (SMI / f"{H200}.{suffix}").read_text()
+
+
+def test_real_h200_reads_as_an_h200_and_its_labels():
+    [row] = smi.parse_query_csv(_h200("csv"))
+    assert (row["name"], row["memory.total"], row["compute_cap"], row["mig.mode.current"]) == (
+        "NVIDIA H200",
+        143771,
+        "9.0",
+        False,
+    )
+    xml = smi.parse_query_xml(_h200("xml"))
+    assert (xml["driver_version"], xml["cuda_version"]) == ("580.159.04", "13.0")
+    assert smi.parse_list(_h200("L.txt")) == {row["uuid"]: []}
+    gpu = pci.PciDevice("0000:00:06.0", 0x10DE, 0x2335, 0x030200, -1, "nvidia", tuple(range(16)))
+    [facts] = discovery.gpu_list([gpu], [row], xml)
+    # The id table names it as the driver does, for nodes whose driver is not loaded.
+    model = gpu_models.lookup(0x2335)
+    assert (model.name, model.memory_mib) == (facts["name"], facts["memory_mib"])
+    assert facts["family"] == "hopper"
+    driver = discovery.driver_facts("580.159.04", None, None)
+    labels = discovery.labels([facts], driver, "13.0")
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-H200"
+    assert labels["nvidia.com/mig.capable"] == "true"
+
+
+def test_real_h200_mig_profiles_are_those_our_placement_table_knows():
+    rows = _lgip(_h200("mig-lgip.txt"))
+    assert [name for name, *_ in rows] == [
+        "1g.18gb", "1g.18gb+me", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb",
+    ]  # fmt: skip
+    model = mig_profiles.MODELS[0x2335]
+    assert sorted(model.profiles) == sorted(name for name, *_ in rows)
+    for name, _, total, *_ in rows:
+        assert model.geometry.shapes[model.profiles[name]].instances == total, name
+        assert mig_profiles.placement(model, {name: total}) is not None, name
+
+
+def test_real_h200_held_by_a_process_lists_it():
+    """`-q -x` while a CUDA process held the GPU: our parser reads the GPU the same."""
+    held = smi.parse_query_xml(_h200("busy.xml"))["gpus"][0]
+    idle = smi.parse_query_xml(_h200("xml"))["gpus"][0]
+    assert held == idle
+    assert "<process_name>python3</process_name>" in _h200("busy.xml")

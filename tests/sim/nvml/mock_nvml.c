@@ -15,6 +15,7 @@
  *   persistence-mode      present while persistence mode is on
  *   nvml/mig-profiles     the MIG GPU instance profiles each MIG-capable GPU offers
  *   nvml/mig-instances    GPU and compute instances (gone at a reboot, like on a GPU)
+ *   nvml/health           faults injected into the GPUs' health readings (health.c)
  *
  * and in GPUSIM_STATE (default /var/lib/gpusim), which a reboot keeps:
  *
@@ -186,7 +187,10 @@ static nvmlReturn_t load_node(void)
         }
         fclose(file);
     }
+    health_load();
     for (unsigned int i = 0; i < node.count; i++) {
+        if (node.gpus[i].health.lost)
+            continue; /* nothing answers behind its device file */
         snprintf(path, sizeof path, "%s/nvidia%u", dev_dir(), node.gpus[i].index);
         node.gpus[i].fd = open(path, O_RDWR | O_CLOEXEC);
         if (node.gpus[i].fd < 0) {
@@ -321,6 +325,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice
     REQUIRE_INIT();
     if (!device || index >= node.count)
         return NVML_ERROR_INVALID_ARGUMENT;
+    if (node.gpus[index].health.lost)
+        return NVML_ERROR_GPU_IS_LOST;
     device->handle = &node.gpus[index];
     return NVML_SUCCESS;
 }
@@ -338,6 +344,8 @@ static nvmlReturn_t handle_by(size_t offset, const char *value, nvmlDevice_t *de
         return NVML_ERROR_INVALID_ARGUMENT;
     for (unsigned int i = 0; i < node.count; i++)
         if (!strcmp((const char *)&node.gpus[i] + offset, value)) {
+            if (node.gpus[i].health.lost)
+                return NVML_ERROR_GPU_IS_LOST;
             device->handle = &node.gpus[i];
             return NVML_SUCCESS;
         }
@@ -370,6 +378,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *bus_id, nvmlDev
     }
     for (unsigned int i = 0; i < node.count; i++)
         if (domain == 0 && node.gpus[i].bus == bus && slot == 0 && function == 0) {
+            if (node.gpus[i].health.lost)
+                return NVML_ERROR_GPU_IS_LOST;
             device->handle = &node.gpus[i];
             return NVML_SUCCESS;
         }

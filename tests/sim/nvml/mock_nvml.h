@@ -22,6 +22,13 @@
 #define EXPORT __attribute__((visibility("default")))
 #define MAX_GPUS 16
 
+/* What a GPU's health readings say (health.c; healthy unless a fault was injected). */
+struct health_st {
+    unsigned long long ecc_dbe, ecc_dbe_aggregate, reasons;
+    int retire_pending, remap_pending, remap_failure, lost;
+    unsigned int remapped_unc, remapped_corr, pcie_gen, pcie_width;
+};
+
 struct nvmlDevice_st {
     unsigned int index;
     char name[NVML_DEVICE_NAME_V2_BUFFER_SIZE];
@@ -38,6 +45,7 @@ struct nvmlDevice_st {
     unsigned int power_w;
     int numa_node;
     int fd; /* the open /dev/nvidiaN, a GPU handle like the real library holds */
+    struct health_st health;
 };
 
 struct node_st {
@@ -89,6 +97,9 @@ nvmlReturn_t mig_device_uuid(nvmlDevice_t device, char *uuid, unsigned int lengt
 nvmlReturn_t mig_device_memory(nvmlDevice_t device, unsigned long long *total_mib);
 nvmlReturn_t mig_handle_by_uuid(const char *uuid, nvmlDevice_t *device);
 int mig_enabled(const struct nvmlDevice_st *gpu);
+
+/* health.c: read at init, after the GPUs. */
+void health_load(void);
 
 /* remote.c: the node's state inside a container, from the simulated persistence daemon. */
 int remote_load(void);

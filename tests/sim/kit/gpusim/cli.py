@@ -19,7 +19,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import node, profiles
+from . import faults, node, profiles
 
 REAL_MODPROBE = "/usr/sbin/modprobe"
 
@@ -212,6 +212,10 @@ def gpusim(argv: Sequence[str]) -> int:
     drift.add_argument(
         "--text", default="# drift injected by gpusim", help="line appended by edit-file"
     )
+    fault = sub.add_parser("fault", help="inject a GPU fault (or clear them all)")
+    fault.add_argument("kind", choices=[*faults.KINDS, "clear"])
+    fault.add_argument("--gpu", type=int, default=0, help="the GPU's index (default 0)")
+    fault.add_argument("--code", type=int, help="the Xid of an xid fault")
     args = parser.parse_args(argv)
 
     if args.command == "boot":
@@ -230,6 +234,17 @@ def gpusim(argv: Sequence[str]) -> int:
         else:
             for key, value in data.items():
                 print(f"{key}: {value}")
+        return 0
+    if args.command == "fault":
+        if args.kind == "clear":
+            faults.clear()
+            print("gpusim: every fault cleared")
+            return 0
+        try:
+            print(f"gpusim: {faults.inject(node.profile(), args.kind, args.gpu, args.code)}")
+        except ValueError as exc:
+            print(f"gpusim: {exc}", file=sys.stderr)
+            return 2
         return 0
     try:
         if args.command == "load":

@@ -579,6 +579,10 @@ def load_module(requested: str) -> None:
         encoding="utf-8",
     )
     _bind(prof, "nvidia")
+    from . import faults
+
+    kind = "Open Kernel Module" if driver.module_type == "open" else "Kernel Module"
+    faults.log_kernel(f"NVRM: loading NVIDIA UNIX x86_64 {kind}  {driver.version}  Release Build")
     _nvml_dir().mkdir(parents=True, exist_ok=True)
     (_nvml_dir() / "driver").write_text(
         f"cuda={_cuda_number(prof.cuda_version(driver.version))}\n", encoding="utf-8"
@@ -820,6 +824,9 @@ def boot() -> profiles.Profile:
     (RUN / "nvidia-module.json").unlink(missing_ok=True)
     write_nvml_gpus(prof)
     reset_mig(prof)
+    from . import faults  # faults reads this module's paths
+
+    faults.at_boot(prof)
 
     if prof.gpus:
         driver = installed_driver(prof)

@@ -24,7 +24,12 @@ import pwd
 import re
 import stat
 
-from ansible_collections.gpufleet.nvidia.plugins.module_utils import discovery, smi
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import (
+    discovery,
+    gpu_health,
+    pci,
+    smi,
+)
 
 SCHEMA = 1
 DEFAULT_PATH = "/var/lib/gpufleet/applied.json"
@@ -259,6 +264,7 @@ class Reader:
         self.sysfs_root = sysfs_root
         self.versionlock_lists = versionlock_lists
         self.warnings = []
+        self._answer = None  # nvidia-smi's rows and unreachable GPUs, asked once
 
     def files(self, paths):
         return {path: file_state(path) for path in paths}
@@ -342,12 +348,29 @@ class Reader:
             return None
         return out
 
+    def _rows(self):
+        """nvidia-smi's rows (SMI_FIELDS and the health fields) and the GPUs it could not
+        open, asked once for the MIG state and health; (None, {}) where it did not answer."""
+        if self._answer is None:
+            self._answer = None, {}
+            binary = self.which("nvidia-smi")
+            if not binary:
+                self.warnings.append("the nvidia module is loaded but nvidia-smi is not installed")
+                return self._answer
+            try:
+                rows, unreachable, error = gpu_health.query(self.run, binary, SMI_FIELDS)
+            except smi.SmiParseError as exc:
+                rows, unreachable, error = None, {}, str(exc)
+            if error:
+                self.warnings.append(error)
+            self._answer = rows, unreachable
+        return self._answer
+
     def _mig(self):
-        out = self._smi(smi.query_args(SMI_FIELDS))
-        if out is None:
+        rows, _unreachable = self._rows()
+        if rows is None:
             return None, None
         try:
-            rows = smi.parse_query_csv(out, SMI_FIELDS)
             modes = mig_modes(rows)
             if not any(modes.values()):
                 return modes, {}
@@ -356,6 +379,25 @@ class Reader:
         except smi.SmiParseError as exc:
             self.warnings.append(str(exc))
             return None, None
+
+    def health(self, overrides=None, kernel_log=gpu_health.KMSG):
+        """The GPUs' health signals and the driver's Xid events, as gpu_facts reports them
+        (its `health` fact, each GPU's keyed by PCI address under `gpus`); asks nvidia-smi
+        only when the nvidia module is loaded (its rows are shared with the MIG state)."""
+        loaded = _read(os.path.join(self.sysfs_root, "module", "nvidia", "version"))
+        rows, unreachable = self._rows() if loaded else (None, {})
+        addresses = [gpu.address for gpu in pci.nvidia_gpus(pci.scan(self.sysfs_root))]
+        gpus = gpu_health.gpu_health(rows, unreachable, overrides, addresses)
+        log, log_error = gpu_health.read_kernel_log(kernel_log)
+        health = {
+            "action": gpu_health.worst(h["action"] for h in gpus.values()),
+            "gpus": gpus if rows is not None or unreachable else None,
+            "xid_events": None if log is None else gpu_health.parse_kmsg(log, overrides),
+            "boot_id": _read(gpu_health.BOOT_ID),
+        }
+        if log_error:
+            health["kernel_log_error"] = log_error
+        return health
 
 
 def _read(path):

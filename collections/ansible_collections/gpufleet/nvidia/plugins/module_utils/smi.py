@@ -37,6 +37,16 @@ def query_args(fields: tuple[str, ...] = QUERY_FIELDS) -> list[str]:
     return [f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"]
 
 
+# nvidia-smi's answer to a --query-gpu field its driver does not know (rc 2).
+_UNKNOWN_FIELD = re.compile(r'Field "([^"]+)" is not a valid field to query')
+
+
+def refused_field(rc: int, out: str, err: str) -> str | None:
+    """The field nvidia-smi refused a --query-gpu for (its driver does not know it)."""
+    match = _UNKNOWN_FIELD.search(f"{out}\n{err}") if rc != 0 else None
+    return match[1] if match else None
+
+
 def _value(text: str) -> str | None:
     text = text.strip()
     return None if text in _NOT_AVAILABLE else text

@@ -31,6 +31,13 @@ options:
       - Call C(nvidia-smi) when the nvidia module is loaded.
     type: bool
     default: true
+  health_actions:
+    description:
+      - A site's changes to the action each health signal asks for (the table is in
+        docs/health.md) - signal kind (for example C(ecc-dbe)) or C(xid:<number>) to
+        one of C(none), C(watch), C(reset), C(reboot), C(replace).
+    type: dict
+    default: {}
 attributes:
   check_mode:
     support: full
@@ -118,6 +125,17 @@ ansible_facts:
           description: GPU Feature Discovery style labels (C(nvidia.com/...)).
           type: dict
           sample: {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": "8"}
+        health:
+          description:
+            - C(action), the most severe action the GPUs' present signals ask for
+              (C(none), C(watch), C(reset), C(reboot), C(replace)); each GPU's own in
+              its C(health) (C(action), C(signals), each with C(kind), C(action) and
+              C(detail)), null where nvidia-smi did not answer.
+            - C(xid_events), the driver's Xid lines still in the kernel's log buffer, oldest
+              first (C(seq), C(usec), C(pci_address), C(xid), C(pid), C(process),
+              C(message), C(action), C(meaning)); null where the log cannot be read,
+              C(kernel_log_error) saying why. C(boot_id) tells a boot's events from the next's.
+          type: dict
         smi_error:
           description: Why nvidia-smi gave no answer although the module is loaded.
           type: str
@@ -131,6 +149,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import (
     cpus,
     discovery,
+    gpu_health,
     gpu_models,
     pci,
     smi,
@@ -196,15 +215,16 @@ def _installed_driver(module):
     return None
 
 
-def _query_smi(module):
-    """(csv rows, xml facts, error) from nvidia-smi."""
+def _query_smi(module, unreachable):
+    """(csv rows, xml facts, error) from nvidia-smi; fills `unreachable` with the GPUs it
+    could not open."""
     binary = module.get_bin_path("nvidia-smi")
     if not binary:
         return None, None, "nvidia-smi is not installed"
-    rc, out, err = module.run_command([binary, *smi.query_args()])
-    if rc != 0:
-        return None, None, f"nvidia-smi exited {rc}: {(out or err).strip()}"
-    rows = smi.parse_query_csv(out)
+    rows, lost, error = gpu_health.query(module.run_command, binary, smi.QUERY_FIELDS)
+    unreachable.update(lost)
+    if rows is None:
+        return None, None, error
     rc, out, err = module.run_command([binary, "-q", "-x"])
     if rc != 0:
         return rows, None, f"nvidia-smi -q -x exited {rc}: {(out or err).strip()}"
@@ -230,7 +250,24 @@ def _pci_names(gpus):
     return {}
 
 
-def gather(module, sysfs_root, query_driver):
+def _health(rows, unreachable, gpu_list, overrides, answered):
+    """The node's health facts; each GPU's own go into its entry of `gpu_list`."""
+    addresses = [gpu["pci_address"] for gpu in gpu_list]
+    by_address = gpu_health.gpu_health(rows, unreachable, overrides, addresses)
+    for gpu in gpu_list:
+        gpu["health"] = by_address.get(gpu["pci_address"]) if answered or unreachable else None
+    log, log_error = gpu_health.read_kernel_log() if gpu_list else ("", None)
+    health = {
+        "action": gpu_health.worst(h["action"] for h in by_address.values()),
+        "xid_events": None if log is None else gpu_health.parse_kmsg(log, overrides),
+        "boot_id": (_read(gpu_health.BOOT_ID) or "").strip() or None,
+    }
+    if log_error:
+        health["kernel_log_error"] = log_error
+    return health
+
+
+def gather(module, sysfs_root, query_driver, overrides=None):
     devices = pci.scan(sysfs_root)
     gpus = pci.nvidia_gpus(devices)
     switches = pci.nvswitches(devices)
@@ -242,9 +279,10 @@ def gather(module, sysfs_root, query_driver):
 
     rows = xml = None
     smi_error = None
+    unreachable = {}
     if gpus and loaded_version and query_driver:
         try:
-            rows, xml, smi_error = _query_smi(module)
+            rows, xml, smi_error = _query_smi(module, unreachable)
         except smi.SmiParseError as exc:
             smi_error = str(exc)
     cores = cpus.core_indexes(sysfs_root)
@@ -275,6 +313,7 @@ def gather(module, sysfs_root, query_driver):
         "os": _os_release(),
         "container_runtimes": runtimes,
         "labels": discovery.labels(gpu_list, driver, cuda_version),
+        "health": _health(rows, unreachable, gpu_list, overrides, rows is not None),
     }
     if smi_error:
         facts["smi_error"] = smi_error
@@ -286,6 +325,7 @@ def main():
         argument_spec={
             "sysfs_root": {"type": "path", "default": "/sys"},
             "query_driver": {"type": "bool", "default": True},
+            "health_actions": {"type": "dict", "default": {}},
         },
         supports_check_mode=True,
     )
@@ -295,7 +335,11 @@ def main():
             msg=f"sysfs_root={sysfs_root!r} has no bus/pci directory; "
             "expected the root of a sysfs tree such as /sys"
         )
-    facts = gather(module, sysfs_root, module.params["query_driver"])
+    try:
+        overrides = gpu_health.check_overrides(module.params["health_actions"])
+    except gpu_health.HealthInputError as exc:
+        module.fail_json(msg=f"health_actions (gpu_health_actions): {exc}")
+    facts = gather(module, sysfs_root, module.params["query_driver"], overrides)
     module.exit_json(changed=False, ansible_facts={"gpufleet": facts})
 
 

@@ -26,7 +26,9 @@ description:
     M(gpufleet.nvidia.gpu_facts) does) and the MIG mode of each GPU."
   - "The programs it runs, whatever the number of items: one C(dpkg-query) (versions
     and holds) or one C(rpm -q) (holds from dnf's C(versionlock.list)), one
-    C(systemctl show), and one C(nvidia-smi) when the nvidia module is loaded."
+    C(systemctl show), and one C(nvidia-smi) when the nvidia module is loaded (three on
+    drivers whose C(--query-gpu) lacks the remapped rows, such as 535), which also gives
+    the GPUs' health; the kernel's log is read from C(/dev/kmsg)."
   - The record is JSON with sorted keys and no timestamps, so an unchanged node gives
     a byte-identical file; it is written atomically (a temporary file in the same
     directory, then a rename), mode C(0600), in a directory of mode C(0700).
@@ -56,6 +58,12 @@ options:
         M(gpufleet.nvidia.gpu_facts)).
     type: path
     default: /sys
+  health_actions:
+    description:
+      - With O(state=probe), a site's changes to the action each health signal asks
+        for, as for M(gpufleet.nvidia.gpu_facts).
+    type: dict
+    default: {}
 attributes:
   check_mode:
     support: full
@@ -129,6 +137,14 @@ drift:
         name: /etc/containerd/config.toml
         recorded: {sha256: "9c1e...", mode: "0644", owner: root, group: root}
         current: {sha256: "47aa...", mode: "0644", owner: root, group: root}
+health:
+  description:
+    - The GPUs' health now and the driver's Xid events still in the kernel's log, read
+      as M(gpufleet.nvidia.gpu_facts) reads them (its C(health) fact), each GPU's under
+      C(gpus) keyed by PCI address (null where nvidia-smi did not answer). Not part of
+      the record, so it never counts as drift.
+  returned: when state is probe
+  type: dict
 """
 
 import os
@@ -136,6 +152,7 @@ import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import gpu_health as gh
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import node_state as ns
 
 DIRECTORY_MODE = 0o700
@@ -216,12 +233,19 @@ def record(module):
     module.exit_json(**result)
 
 
-def probe(module):
+def probe(module, overrides):
     path = module.params["path"]
+    reader = _reader(module)
     result = {"changed": False, "digest": None}
 
+    def finish(**outcome):
+        result["health"] = reader.health(overrides)
+        for warning in reader.warnings:
+            module.warn(warning)
+        module.exit_json(**outcome, **result)
+
     def no_record(reason):
-        module.exit_json(recorded=False, reason=reason, drifted=True, drift={}, **result)
+        finish(recorded=False, reason=reason, drifted=True, drift={})
 
     try:
         data = _read_bytes(path)
@@ -234,12 +258,9 @@ def probe(module):
         recorded = ns.load(data)
     except ns.RecordError as exc:
         no_record(f"record at {path} {exc}")
-    reader = _reader(module)
     current = ns.current_record(reader, ns.components_of(recorded))
     drift = ns.compare(recorded, current)
-    for warning in reader.warnings:
-        module.warn(warning)
-    module.exit_json(recorded=True, reason="", drifted=bool(drift), drift=drift, **result)
+    finish(recorded=True, reason="", drifted=bool(drift), drift=drift)
 
 
 def main():
@@ -250,6 +271,7 @@ def main():
             # Validated by node_state.normalize_components, which names the item at fault.
             "components": {"type": "dict"},
             "sysfs_root": {"type": "path", "default": "/sys"},
+            "health_actions": {"type": "dict", "default": {}},
         },
         required_if=[("state", "record", ("components",))],
         supports_check_mode=True,
@@ -257,7 +279,11 @@ def main():
     if module.params["state"] == "record":
         record(module)
     else:
-        probe(module)
+        try:
+            overrides = gh.check_overrides(module.params["health_actions"])
+        except gh.HealthInputError as exc:
+            module.fail_json(msg=f"health_actions (gpu_health_actions): {exc}")
+        probe(module, overrides)
 
 
 if __name__ == "__main__":
