@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 from runner.cycle import Action, CycleReport
 from runner.engine import STAGES
+from runner.health import severity
 from runner.observe import HostUpdated, Observer
 from runner.rollout import PHASES
 from runner.state import HostStatus
@@ -30,6 +31,23 @@ NODE_READY_GAUGES = {
     "gpu_operator_node_driver_validation": ("validator",),
 }
 _READY = ("ready", "pre-installed")
+
+
+def _health_metrics(r: CollectorRegistry) -> tuple[Gauge, Counter]:
+    """The GPUs' health per host (docs/health.md) and the Xid events counted."""
+    health = Gauge(
+        "gpufleet_host_gpu_health",
+        "What the host's GPUs ask for (0 none, 1 watch, 2 reset, 3 reboot, 4 replace)",
+        ["host"],
+        registry=r,
+    )
+    xids = Counter(
+        "gpufleet_xid_events",
+        "Xid events the driver logged, each counted once, with the action it asks for",
+        ["host", "xid", "action"],
+        registry=r,
+    )
+    return health, xids
 
 
 class Metrics(Observer):
@@ -76,6 +94,7 @@ class Metrics(Observer):
         self.rollout = Gauge(
             "gpufleet_rollout_hosts", "Hosts in each phase of a rollout", ["phase"], registry=r
         )
+        self.health, self.xids = _health_metrics(r)
         self.node_ready = {
             name: Gauge(name, f"1 while the host's {'+'.join(stages)} pass", ["node"], registry=r)
             for name, stages in NODE_READY_GAUGES.items()
@@ -98,6 +117,9 @@ class Metrics(Observer):
     def host_quarantined(self, host: str) -> None:
         self.quarantines.inc()
 
+    def xid_logged(self, host: str, xid: int, action: str) -> None:
+        self.xids.labels(host, str(xid), action).inc()
+
     def cycle_finished(self, report: CycleReport) -> None:
         failed = any(o.action == Action.FAILED for o in report.outcomes.values())
         self.cycles.labels(
@@ -109,6 +131,8 @@ class Metrics(Observer):
         for status in HostStatus:
             self.host_status.labels(record.name, status).set(int(record.status == status))
         self.quarantined.labels(record.name).set(int(record.quarantined))
+        if record.health:
+            self.health.labels(record.name).set(severity(record.health))
         previous = self._stages.get(record.name, {})
         for stage in STAGES:
             old, new = previous.get(stage), record.stages.get(stage)
@@ -134,7 +158,14 @@ class Metrics(Observer):
 
     def host_forgotten(self, host: str) -> None:
         """Drop every series of a host no longer in the inventory."""
-        for metric in (self.host_status, self.stage_status, self.quarantined, self.changes):
+        for metric in (
+            self.host_status,
+            self.stage_status,
+            self.quarantined,
+            self.changes,
+            self.health,
+            self.xids,
+        ):
             metric.remove_by_labels({"host": host})
         for gauge in self.node_ready.values():
             gauge.remove(host)

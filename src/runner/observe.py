@@ -28,6 +28,8 @@ class HostUpdated:
     quarantined: bool
     stages: Mapping[str, str]
     rollout_phase: RolloutPhase | None
+    # What the GPUs' health asks for (runner.health.ACTIONS); '' where never read.
+    health: str = ""
 
     @classmethod
     def of(cls, record: HostRecord) -> HostUpdated:
@@ -37,6 +39,7 @@ class HostUpdated:
             record.quarantined,
             MappingProxyType(dict(record.stages)),
             record.rollout_phase,
+            str(record.health.get("action", "")),
         )
 
 
@@ -63,6 +66,9 @@ class Observer:
 
     def host_quarantined(self, host: str) -> None:
         """A host failed too often in a row and is left alone until released."""
+
+    def xid_logged(self, host: str, xid: int, action: str) -> None:
+        """The driver logged Xid `xid` on `host`, asking for `action` (counted once)."""
 
 
 class Observers(Observer):
@@ -99,6 +105,10 @@ class Observers(Observer):
     def host_quarantined(self, host: str) -> None:
         for observer in self.observers:
             observer.host_quarantined(host)
+
+    def xid_logged(self, host: str, xid: int, action: str) -> None:
+        for observer in self.observers:
+            observer.xid_logged(host, xid, action)
 
 
 class LogObserver(Observer):

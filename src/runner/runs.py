@@ -61,6 +61,9 @@ class ProbeResult:
     # The differences: [{component, kind, name, recorded, current}].
     drift: list[dict[str, Any]] = field(default_factory=list)
     reason: str = ""
+    # The GPUs' health and the driver's Xid events, as the node_state probe reports
+    # them (docs/health.md); None where it did not (the cluster side, an older probe).
+    health: dict[str, Any] | None = None
 
 
 @dataclass
@@ -288,11 +291,13 @@ def _probe_result(host: str, res: Mapping[str, Any]) -> ProbeResult:
         for component, items in sorted(found.items()):
             for item in items:
                 drift.append({"component": component, **item})
+    health = res.get("health")
     return ProbeResult(
         host,
         recorded=bool(res.get("recorded")),
         drift=drift,
         reason=str(res.get("reason") or ""),
+        health=dict(health) if isinstance(health, Mapping) else None,
     )
 
 

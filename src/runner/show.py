@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from runner.cycle import Action, CycleReport
 from runner.engine import STAGES
+from runner.health import severity
 from runner.rollout import IN_FLIGHT, RolloutPhase
 from runner.state import ClusterRecord, ClusterStatus, HostRecord, HostStatus, RolloutRecord
 
@@ -17,9 +18,11 @@ UNWELL = (
 
 
 def unwell(record: HostRecord) -> bool:
-    """Whether the host is not where it should be, for the exit code."""
+    """Whether the host is not where it should be, for the exit code: a GPU asking
+    for a reset or more counts."""
     return (
-        record.quarantined
+        severity(record.health.get("action", "")) >= severity("reset")
+        or record.quarantined
         or record.status in UNWELL
         or record.rollout_phase == RolloutPhase.HALTED
         or record.rollout_reason.startswith("drain blocked")
@@ -147,8 +150,14 @@ def print_status(
     print(f"{'HOST':<{width}}  {'STATE':<44} {'RECONCILED':<11} CHANGED     STAGES")
     for name, record in hosts.items():
         stages = " ".join(stage_text(record, s) for s in STAGES if s in record.stages)
+        action = record.health.get("action", "none")
+        if action != "none":
+            stages += f" health={action}"
         reconciled, changed = age(now, record.last_reconcile), age(now, record.last_change)
         print(f"{name:<{width}}  {host_line(record):<44} {reconciled:<11} {changed:<11} {stages}")
+        for address, gpu in (record.health.get("gpus") or {}).items():
+            said = "; ".join(signal["detail"] for signal in gpu["signals"])
+            print(f"{'':<{width}}    GPU {address} asks {gpu['action']}: {said}")
     if cluster.status != ClusterStatus.UNKNOWN:
         print(f"cluster side: {cluster_line(cluster)}, applied {age(now, cluster.last_apply)}")
     for pool, rollout in rollouts.items():

@@ -112,6 +112,8 @@ def _probed(ctx: Context, work: Cycle, record: HostRecord) -> None:
     if not result.reachable:
         fail(ctx, work, record, "unreachable", result.reason or "unreachable")
         return
+    if result.health is not None:
+        ctx.writer.health(record, result.health)
     drift = decide.relevant(result.drift, ctx.settings.components)
     record.drift = drift
     if drift:

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from runner import health as gpu_health
 from runner.decide import Failure, drift_summary
 from runner.engine import STAGES, HostRun
 from runner.observe import HostUpdated, Observers
@@ -83,6 +84,23 @@ class Writer:
         self.store.record(events)
         for item in items:
             self.observe.drift_found(item)
+
+    def health(self, record: HostRecord, reading: Mapping[str, Any]) -> None:
+        """A probe's health reading, kept on `record` (stored with it) and told: history
+        entries, stored now, for each new Xid event and each GPU whose signals changed."""
+        after = gpu_health.stored(reading)
+        events, record.xid_seen = gpu_health.new_events(reading, record.xid_seen)
+        lines = gpu_health.lines(record.health, after, events)
+        if after:
+            record.health = after
+        self.store.record(
+            [self._entry(record.name, HistoryKind.HEALTH, ln.component, ln.summary) for ln in lines]
+        )
+        for line in lines:
+            log.warning("%s: %s", record.name, line.summary)
+        for event in events:
+            xid, action = int(event.get("xid") or 0), str(event.get("action"))
+            self.observe.xid_logged(record.name, xid, action)
 
     def refused(self, record: HostRecord, reason: str, status: HostStatus) -> None:
         """The inventory is wrong, not the node: no backoff, no quarantine; said once."""

@@ -377,6 +377,38 @@ def test_injected_drift_is_repaired_on_that_node_only(fleet: Fleet):
     assert fleet.status()["e2e-t4"]["status"] == "converged"
 
 
+def _fault(node: str, *args: str) -> None:
+    done = subprocess.run([*FLEET, "fault", node, *args], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_gpu_fault_is_read_by_the_probe_shown_and_its_xid_recorded_once(fleet: Fleet):
+    """A double-bit ECC error on the T4 (the simulated board's counters and the driver's
+    Xid 48 in the node's kernel log): the probe reads it through Debian's nvidia-smi and
+    /dev/kmsg, `status` names the GPU and what it asks for, the history has the Xid once.
+    Health is not drift: nothing is applied. (Taking the node out is not built yet.)"""
+    _fault("e2e-t4", "ecc-dbe", "--gpu", "0")
+    result = fleet.reconcile("--once")
+    assert "e2e-t4: probed" in result.stdout, result.stdout + result.stderr
+    t4 = fleet.status()["e2e-t4"]
+    assert t4["status"] == "converged"
+    assert t4["health"]["action"] == "reset"
+    [(address, gpu)] = t4["health"]["gpus"].items()
+    assert [s["kind"] for s in gpu["signals"]] == ["ecc-dbe", "retire-pending"]
+    shown = fleet.runner("status").stdout
+    assert f"GPU {address} asks reset: " in shown
+    assert "health=reset" in next(line for line in shown.splitlines() if "e2e-t4" in line)
+    xids = [e for e in fleet.history("e2e-t4") if (e["kind"], e["component"]) == ("health", "xid")]
+    assert [x["summary"].split(" (")[0] for x in xids] == [f"Xid 48 on GPU {address} asks reset"]
+
+    _fault("e2e-t4", "clear")  # the board replaced; the kernel's log still holds the Xid
+    fleet.reconcile("--once")
+    assert fleet.status()["e2e-t4"]["health"] == {"action": "none", "gpus": {}}
+    entries = [e for e in fleet.history("e2e-t4") if e["kind"] == "health"]
+    assert [e["component"] for e in entries].count("xid") == 1, "an Xid counts once"
+    assert entries[-1]["summary"] == f"GPU {address}: no signal any more"
+
+
 def test_a_sources_file_mangled_by_hand_is_repaired_and_apt_works_again(fleet: Fleet):
     """A sources file of ours broken by hand breaks apt on the node; the reconciler
     must not wait on apt to repair it. (Here the plan predicts the rewrite; a plan

@@ -50,6 +50,8 @@ class Node:
     needs_reboot: bool = False
     # A check-mode run fails on this node with this message (e.g. on its broken sources).
     plan_failure: str = ""
+    # What the probe reports of the GPUs' health (node_state's `health`), if anything.
+    health: dict[str, Any] | None = None
 
 
 @dataclass
@@ -142,6 +144,7 @@ class FakeEngine:
                 reachable=self.nodes[h].reachable,
                 recorded=self.nodes[h].recorded,
                 drift=list(self.nodes[h].drift),
+                health=self.nodes[h].health,
             )
             for h in hosts
         }

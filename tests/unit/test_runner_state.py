@@ -8,13 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from runner.schema import _SCHEMA, _SCHEMA_2, _SCHEMA_3, _SCHEMA_4, _SCHEMA_5, SCHEMA_VERSION
 from runner.state import (
-    _SCHEMA,
-    _SCHEMA_2,
-    _SCHEMA_3,
-    _SCHEMA_4,
-    _SCHEMA_5,
-    SCHEMA_VERSION,
     ClusterRecord,
     HistoryEntry,
     HostRecord,

@@ -1,0 +1,132 @@
+"""The GPUs' health in the reconciler: what it keeps of each probe's reading, Xid
+events counted once, the history, `status` and the metrics (runner.health, the writer);
+the loop on the fake engine of test_runner_loop."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import generate_latest
+from test_runner_loop import converged, store  # noqa: F401 (a fixture)
+
+from runner import health, show
+from runner.metrics import Metrics
+from runner.observe import Observers
+from runner.state import HistoryKind, StateStore
+
+A100 = "0000:af:00.0"
+T4 = "0000:3b:00.0"
+
+
+def signal(kind: str, action: str, detail: str) -> dict[str, str]:
+    return {"kind": kind, "action": action, "detail": detail}
+
+
+def reading(
+    gpus: dict[str, list[dict[str, str]]] | None, events=(), boot: str = "boot-1"
+) -> dict[str, Any]:
+    """node_state's `health` for GPUs with these signals and these Xid events."""
+    per_gpu = None
+    if gpus is not None:
+        per_gpu = {
+            address: {
+                "action": health.ACTIONS[
+                    max((health.severity(s["action"]) for s in signals), default=0)
+                ],
+                "signals": signals,
+            }
+            for address, signals in gpus.items()
+        }
+    actions = [g["action"] for g in (per_gpu or {}).values()]
+    return {
+        "action": max(actions, key=health.severity, default="none"),
+        "gpus": per_gpu,
+        "xid_events": list(events),
+        "boot_id": boot,
+    }
+
+
+def xid(seq: int, usec: int, code: int, action: str, address: str = A100) -> dict[str, Any]:
+    return {
+        "seq": seq,
+        "usec": usec,
+        "pci_address": address,
+        "xid": code,
+        "action": action,
+        "meaning": "the table's words",
+        "message": f"text of {code}",
+    }
+
+
+def test_only_gpus_with_signals_are_kept_and_an_unread_probe_keeps_nothing():
+    kept = health.stored(reading({A100: [signal("remap-pending", "reset", "a row waits")], T4: []}))
+    assert kept == {
+        "action": "reset",
+        "gpus": {
+            A100: {
+                "action": "reset",
+                "signals": [{"kind": "remap-pending", "detail": "a row waits"}],
+            }
+        },
+    }
+    assert health.stored(reading(None)) == {}
+
+
+def test_an_xid_event_is_new_once_and_a_new_boot_starts_over():
+    first = [xid(10, 5_000, 48, "reset")]
+    new, seen = health.new_events(reading({}, first), {})
+    assert (new, seen) == (first, {"boot": "boot-1", "usec": 5_000, "seq": 10})
+    again, seen = health.new_events(reading({}, first), seen)
+    assert again == []
+    later = [*first, xid(11, 9_000, 79, "reboot")]
+    new, seen = health.new_events(reading({}, later), seen)
+    assert [e["xid"] for e in new] == [79]
+    # A reboot: the kernel numbers its records from 0 again, under a new boot id.
+    rebooted = [xid(3, 1_000, 13, "none")]
+    new, seen = health.new_events(reading({}, rebooted, boot="boot-2"), seen)
+    assert ([e["xid"] for e in new], seen) == ([13], {"boot": "boot-2", "usec": 1_000, "seq": 3})
+    # The log unreadable: nothing new, nothing forgotten.
+    assert health.new_events({"xid_events": None, "boot_id": "boot-2"}, seen) == ([], seen)
+
+
+def test_the_loop_keeps_health_records_it_and_shows_it(store: StateStore, capsys) -> None:  # noqa: F811
+    metrics = Metrics()
+    reconciler, engine, clock = converged(store, "a", "b")
+    reconciler.observe = Observers([metrics])
+    engine.nodes["a"].health = reading(
+        {A100: [signal("remap-pending", "reset", "a memory row waits to be remapped")]},
+        [xid(7, 4_000, 48, "reset")],
+    )
+    engine.nodes["b"].health = reading({T4: []})
+    reconciler.cycle()
+    a = store.host("a")
+    assert a.health["action"] == "reset"
+    assert a.xid_seen == {"boot": "boot-1", "usec": 4_000, "seq": 7}
+    entries = [e for e in store.history() if e.kind == HistoryKind.HEALTH]
+    assert [(e.host, e.component, e.summary) for e in entries] == [
+        ("a", "xid", "Xid 48 on GPU 0000:af:00.0 asks reset (the table's words): text of 48"),
+        ("a", "gpu", "GPU 0000:af:00.0 asks reset: a memory row waits to be remapped"),
+    ]
+    assert store.host("b").health == {"action": "none", "gpus": {}}
+
+    # The same reading again: nothing more in the history, the Xid counted once.
+    reconciler.cycle()
+    assert len([e for e in store.history() if e.kind == HistoryKind.HEALTH]) == 2
+    text = generate_latest(metrics.registry).decode()
+    assert 'gpufleet_xid_events_total{action="reset",host="a",xid="48"} 1.0' in text
+    assert 'gpufleet_host_gpu_health{host="a"} 2.0' in text
+    assert 'gpufleet_host_gpu_health{host="b"} 0.0' in text
+
+    show.print_status(store.hosts(), store.cluster(), store.rollouts(), clock())
+    out = capsys.readouterr().out
+    assert show.unwell(store.host("a")) and not show.unwell(store.host("b"))  # exit code
+    assert "health=reset" in out.splitlines()[1]
+    assert "GPU 0000:af:00.0 asks reset: a memory row waits to be remapped" in out
+
+    # The remapping done (a reset by hand): the signal goes, and the history says so.
+    engine.nodes["a"].health = reading({A100: []}, [xid(7, 4_000, 48, "reset")])
+    reconciler.cycle()
+    assert store.host("a").health == {"action": "none", "gpus": {}}
+    assert [e.summary for e in store.history() if e.kind == HistoryKind.HEALTH][-1] == (
+        "GPU 0000:af:00.0: no signal any more"
+    )
