@@ -85,6 +85,20 @@ def test_holders_of_excluded_units_are_left_out(dev, tmp_path):
     ]
 
 
+@pytest.mark.parametrize(
+    ("name", "unit"),
+    [
+        ("nvidia-dcgm", "nvidia-dcgm.service"),
+        ("nvidia-dcgm.service", "nvidia-dcgm.service"),
+        ("run-gpu.scope", "run-gpu.scope"),
+    ],
+)
+def test_a_unit_named_without_its_suffix_is_a_service(name, unit):
+    """The roles hand their consumer lists (driver_gpu_consumers: dcgm or dcgm.service)
+    as they are; the module reads them as systemctl does."""
+    assert gpu_holders.unit_name(name) == unit
+
+
 def test_nothing_holds_files_nobody_opened(dev):
     assert gpu_holders.find_holders(str(dev)) == []
 

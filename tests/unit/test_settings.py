@@ -550,3 +550,20 @@ def test_the_settings_pass_refuses_a_strategy_that_does_not_fit_the_layout(tmp_p
     assert not outcome["good"].get("failed"), outcome["good"]
     assert "device_plugin_mig_strategy: expected single or mixed" in outcome["bad"]["msg"]
     assert "with mig_config 'all-1g.5gb', which enables MIG" in outcome["bad"]["msg"]
+
+
+def test_a_wrong_health_override_is_refused_by_the_reconcilers_settings_pass(tmp_path):
+    """gpu_health_actions belongs to no role: the modules every run makes read it (the
+    probe among them), so a wrong one is refused before the host is probed, named."""
+    inventory = _inventory(tmp_path, {"gpu_health_actions": {"xid:79": "panic"}})
+    engine = AnsibleEngine(PROJECT, str(inventory), tmp_path / "ansible")
+    refused = engine.check_settings(["good", "bad"])
+    assert list(refused) == ["bad"]
+    assert (
+        "gpu_health_actions: 'xid:79': 'panic' is not one of none, watch, reset, reboot, "
+        "replace; expected a dict of health signal (or xid:<number>) to none, watch, reset, "
+        "reboot or replace (docs/health.md)."
+    ) in refused["bad"]
+    fine = _inventory(tmp_path, {"gpu_health_actions": {"xid:74": "replace", "pcie-width": "none"}})
+    engine = AnsibleEngine(PROJECT, str(fine), tmp_path / "ansible2")
+    assert engine.check_settings(["good", "bad"]) == {}

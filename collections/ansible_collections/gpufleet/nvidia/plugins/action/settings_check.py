@@ -11,7 +11,21 @@ from ansible.errors import AnsibleError, AnsibleUndefinedVariable
 from ansible.plugins.action import ActionBase
 from ansible.plugins.loader import lookup_loader
 
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.gpu_health import (
+    HealthInputError,
+    check_overrides,
+)
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.settings import check, together
+
+# Settings of no role, read by modules every play runs (gpu_facts, the probe): name ->
+# (check raising ValueError with the words, the form expected).
+SITE_SETTINGS = {
+    "gpu_health_actions": (
+        check_overrides,
+        "a dict of health signal (or xid:<number>) to none, watch, reset, reboot or "
+        "replace (docs/health.md)",
+    ),
+}
 
 
 class ActionModule(ActionBase):
@@ -38,6 +52,7 @@ class ActionModule(ActionBase):
             checked.append(os.path.basename(role_dir))
             merged.update(values)
             role_dirs[role] = role_dir
+        found.extend(self._site_problems(task_vars))
         # The stages' settings that only go wrong together (the MIG layout and the
         # device plugin's MIG strategy), where each was well-formed on its own.
         if not found:
@@ -87,6 +102,20 @@ class ActionModule(ActionBase):
             return {}
         # The role's own files, as trusted as Ansible holds them when it runs the role.
         return self._loader.load_from_file(path, trusted_as_template=True) or {}
+
+    def _site_problems(self, task_vars):
+        found = []
+        values = self._values(SITE_SETTINGS, {}, task_vars)
+        for name, value in values.items():
+            judge, expected = SITE_SETTINGS[name]
+            if not isinstance(value, dict):
+                found.append(f"{name}: expected {expected}; got {value!r}.")
+                continue
+            try:
+                judge(value)
+            except HealthInputError as exc:
+                found.append(f"{name}: {exc}; expected {expected}.")
+        return found
 
     def _values(self, options, defaults, task_vars):
         """The host's value of every option: its own, else the role's default, templated.

@@ -79,9 +79,14 @@ SIGNALS: dict[str, tuple[str, str]] = {
     "pcie-gen": ("watch", "the PCIe link runs below its maximum generation while the GPU is busy"),
 }
 
-# nvidia-smi's gpu_recovery_action values (NVML_GPU_RECOVERY_ACTION_*).
+# Yes/No readings and the signal each gives when set.
+FLAGS = {
+    "retired_pages.pending": "retire-pending",
+    "remapped_rows.pending": "remap-pending",
+    "remapped_rows.failure": "remap-failure",
+}
+# nvidia-smi's gpu_recovery_action values but None (NVML_GPU_RECOVERY_ACTION_*).
 RECOVERY = {
-    "none": None,
     "reset": "recovery-reset",
     "reboot": "recovery-reboot",
     "drain p2p": "recovery-drain-p2p",
@@ -171,10 +176,10 @@ def _signal(kind: str, detail: str, overrides: Mapping[str, str]) -> dict[str, A
 
 
 def _int(value: Any) -> int | None:
-    if value is None:
-        return None
+    """A count, or a bit mask printed in hex ("0x0000000000000001"); None if neither."""
+    text = str(value).strip().lower() if value is not None else ""
     try:
-        return int(str(value).rstrip("x"), 0)
+        return int(text, 16) if text.startswith("0x") else int(text)
     except ValueError:
         return None
 
@@ -195,18 +200,13 @@ def row_signals(
     dbe = _int(row.get("ecc.errors.uncorrected.volatile.total"))
     if dbe:
         found.append(_signal("ecc-dbe", f"{dbe} since the driver loaded", overrides))
-    if _yes(row.get("retired_pages.pending")):
-        found.append(_signal("retire-pending", "retired_pages.pending is Yes", overrides))
-    if _yes(row.get("remapped_rows.pending")):
-        found.append(_signal("remap-pending", "remapped_rows.pending is Yes", overrides))
-    if _yes(row.get("remapped_rows.failure")):
-        found.append(_signal("remap-failure", "remapped_rows.failure is Yes", overrides))
-    recovery = row.get("gpu_recovery_action")
-    if recovery is not None and recovery.strip().lower() != "none":
-        kind = RECOVERY.get(recovery.strip().lower(), "recovery-other")
-        found.append(
-            _signal(kind or "recovery-other", f"gpu_recovery_action is {recovery}", overrides)
-        )
+    for field, kind in FLAGS.items():
+        if _yes(row.get(field)):
+            found.append(_signal(kind, f"{field} is {row[field]}", overrides))
+    recovery = (row.get("gpu_recovery_action") or "none").strip()
+    if recovery.lower() != "none":
+        kind = RECOVERY.get(recovery.lower(), "recovery-other")
+        found.append(_signal(kind, f"gpu_recovery_action is {recovery}", overrides))
     mask = _int(row.get("clocks_throttle_reasons.active") or row.get("clocks_event_reasons.active"))
     for bit, kind in THROTTLE_BITS.items():
         if mask is not None and mask & bit:

@@ -26,7 +26,8 @@ options:
   exclude_units:
     description:
       - Systemd units whose processes are left out (services about to be stopped, or
-        already known).
+        already known). A name without a unit suffix is a service (C(dcgm) is
+        C(dcgm.service)), as systemctl takes it.
     type: list
     elements: str
     default: []
@@ -120,6 +121,11 @@ def unit_of(cgroup_text):
     return None
 
 
+def unit_name(name):
+    """A unit's full name: systemctl's reading of a name without a suffix is a service."""
+    return name if re.search(r"\.[a-z]+$", name) else f"{name}.service"
+
+
 def find_holders(dev_dir, proc_dir="/proc", exclude_units=(), own_pid=None):
     """Processes with a GPU device file of `dev_dir` open, sorted by pid."""
     gpu_files = {}
@@ -190,9 +196,8 @@ def main():
     dev_dir = module.params["dev_dir"]
     if not os.path.isdir(dev_dir):
         module.fail_json(msg=f"dev_dir={dev_dir!r} is not a directory; expected /dev")
-    holders = find_holders(
-        dev_dir, exclude_units=module.params["exclude_units"], own_pid=os.getpid()
-    )
+    excluded = {unit_name(name) for name in module.params["exclude_units"]}
+    holders = find_holders(dev_dir, exclude_units=excluded, own_pid=os.getpid())
     gpus = {}
     for holder in holders:
         for index in holder["gpus"]:
