@@ -199,3 +199,32 @@ def test_the_versioned_nvml_file_holds_the_mock_while_the_package_is_installed(
     (lib / "libnvidia-ml.so.1.gpusim-real").unlink()
     node.link_driver_binaries()
     assert sorted(p.name for p in lib.iterdir()) == []
+
+
+def test_a_node_with_the_hosts_own_kmsg_is_never_written_or_read(sim_node):
+    """A privileged node (molecule runtime) has the host's /dev/kmsg, a device: the
+    simulated kernel leaves it alone (a write would land in the host's log; a read of
+    the real one waits for the next record). A FIFO stands in for it here."""
+    import os
+    import signal
+
+    from gpusim import faults
+
+    prof = sim_node("t4-1")
+    log = node.DEV / "kmsg"
+    log.unlink()
+    os.mkfifo(log)
+
+    def hung(_signum, _frame):
+        raise AssertionError("the simulated kernel opened the host's log")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(5)
+    try:
+        faults.log_kernel("NVRM: loading")
+        faults.inject(prof, "ecc-dbe", 0)
+        faults.at_boot(prof)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert not log.is_file() and log.exists()

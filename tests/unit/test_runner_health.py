@@ -58,6 +58,12 @@ def xid(seq: int, usec: int, code: int, action: str, address: str = A100) -> dic
     }
 
 
+def test_the_runner_orders_actions_as_the_collection_does():
+    from ansible_collections.gpufleet.nvidia.plugins.module_utils import gpu_health
+
+    assert health.ACTIONS == gpu_health.ACTIONS
+
+
 def test_only_gpus_with_signals_are_kept_and_an_unread_probe_keeps_nothing():
     kept = health.stored(reading({A100: [signal("remap-pending", "reset", "a row waits")], T4: []}))
     assert kept == {

@@ -37,9 +37,15 @@ _XID_TEXT = {
 _VOLATILE = ("ecc_dbe", "remap_pending", "retire_pending", "lost")
 
 
-def kmsg() -> Path:
-    """The node's kernel log, where the kernel's interface to it is: /dev/kmsg."""
-    return node.DEV / "kmsg"
+def kmsg() -> Path | None:
+    """The node's kernel log where the kernel's interface to it is, /dev/kmsg: a file of
+    the simulated kernel's. None on a node that has the host's own (a privileged
+    container): a simulation never writes to a real kernel's log, nor reads it (a read
+    of the real one waits for the next record)."""
+    path = node.DEV / "kmsg"
+    if path.exists() and not path.is_file():
+        return None
+    return path
 
 
 def _path() -> Path:
@@ -87,15 +93,18 @@ def log_kernel(message: str, priority: int = 6) -> None:
     """One kernel log record; the sequence number counts the records before it, the
     time is the machine's uptime (a container's is its host's, so it grows across the
     node's reboots, as a record's boot id would tell them apart on a real one)."""
+    log = kmsg()
+    if log is None:
+        return
     try:
-        existing = kmsg().read_text(encoding="utf-8").splitlines()
+        existing = log.read_text(encoding="utf-8").splitlines()
     except OSError:
         existing = []
     seq = sum(1 for line in existing if line and not line.startswith(" "))
     usec = int(float(Path("/proc/uptime").read_text().split()[0]) * 1_000_000)
-    kmsg().parent.mkdir(parents=True, exist_ok=True)
-    with kmsg().open("a", encoding="utf-8") as log:
-        log.write(f"{priority},{seq},{usec},-;{message}\n")
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("a", encoding="utf-8") as handle:
+        handle.write(f"{priority},{seq},{usec},-;{message}\n")
 
 
 def inject(prof: profiles.Profile, kind: str, index: int, code: int | None = None) -> str:
@@ -161,5 +170,7 @@ def at_boot(prof: profiles.Profile) -> None:
     """A reboot resets every GPU and starts a new kernel log."""
     for gpu in prof.gpus:
         at_reset(gpu.index)
-    kmsg().parent.mkdir(parents=True, exist_ok=True)
-    kmsg().write_text("", encoding="utf-8")
+    log = kmsg()
+    if log is not None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text("", encoding="utf-8")
