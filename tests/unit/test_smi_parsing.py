@@ -108,6 +108,16 @@ def _lgip(text: str) -> list[tuple[str, int, int, str, int, int, int, int, int, 
     ]
 
 
+def _placement_table_knows(device_id: int, rows) -> None:
+    """Our placement table for `device_id` offers the profiles a real board's `mig -lgip`
+    `rows` list, and as many of each fit on an empty board as the board says."""
+    model = mig_profiles.MODELS[device_id]
+    assert sorted(model.profiles) == sorted(name for name, *_ in rows)
+    for name, _, total, *_ in rows:
+        assert model.geometry.shapes[model.profiles[name]].instances == total, name
+        assert mig_profiles.placement(model, {name: total}) is not None, name
+
+
 def test_real_h100_query_csv():
     assert smi.parse_query_csv(_real("csv")) == [
         {
@@ -213,12 +223,7 @@ def test_real_h100_mig_profiles_are_those_our_placement_table_knows():
         ("4g.40gb", 5, 1),
         ("7g.80gb", 0, 1),
     ]
-    model = mig_profiles.MODELS[0x2330]
-    assert sorted(model.profiles) == sorted(name for name, *_ in rows)
-    # How many of each fit on an empty board, as the placement check counts them.
-    for name, _, total, *_ in rows:
-        assert model.geometry.shapes[model.profiles[name]].instances == total, name
-        assert mig_profiles.placement(model, {name: total}) is not None, name
+    _placement_table_knows(0x2330, rows)
 
 
 def test_simulated_h100_offers_the_real_boards_mig_profiles():
@@ -302,11 +307,7 @@ def test_real_h200_mig_profiles_are_those_our_placement_table_knows():
     assert [name for name, *_ in rows] == [
         "1g.18gb", "1g.18gb+me", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb",
     ]  # fmt: skip
-    model = mig_profiles.MODELS[0x2335]
-    assert sorted(model.profiles) == sorted(name for name, *_ in rows)
-    for name, _, total, *_ in rows:
-        assert model.geometry.shapes[model.profiles[name]].instances == total, name
-        assert mig_profiles.placement(model, {name: total}) is not None, name
+    _placement_table_knows(0x2335, rows)
 
 
 def test_real_h200_held_by_a_process_lists_it():
