@@ -69,11 +69,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gpufleet runner {__version__}")
     common, acting = _common(), _acting()
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    _reconcile(
-        sub.add_parser(
-            "reconcile", parents=[common, acting], help="keep the fleet converged", epilog=EXIT_TEXT
-        )
+    rec = sub.add_parser(
+        "reconcile", parents=[common, acting], help="keep the fleet converged", epilog=EXIT_TEXT
     )
+    _reconcile(rec)
+    _health(rec)
     _others(sub, common, acting)
     return parser
 
@@ -195,6 +195,24 @@ def _reconcile(rec: argparse.ArgumentParser) -> None:
         default=None,
         help="serve Prometheus metrics on this port (default: 9842 in loop mode, none "
         "with --once; 0 turns it off)",
+    )
+
+
+def _health(rec: argparse.ArgumentParser) -> None:
+    """GPU remediation (docs/health.md)."""
+    rec.add_argument(
+        "--health-breaker",
+        type=_positive(int, 0),
+        default=3,
+        help="hosts asking a GPU reset or a reboot at once at which automatic "
+        "remediation stops (0: never; default %(default)s)",
+    )
+    rec.add_argument(
+        "--health-window",
+        type=_positive(float, 0),
+        default=86400.0,
+        help="seconds after a remediation in which a GPU asking again is quarantined "
+        "(default %(default)s)",
     )
 
 

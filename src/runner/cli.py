@@ -192,6 +192,8 @@ def _settings(args: argparse.Namespace, check_only: bool) -> Settings:
             max_parallel=args.max_parallel,
             max_unavailable=args.max_unavailable,
             quarantine_after=args.quarantine_after,
+            health_breaker=args.health_breaker,
+            health_window=args.health_window,
             backoff_base=args.backoff_base,
             backoff_cap=args.backoff_cap,
         )

@@ -12,9 +12,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from runner.cycle import Action, Context, Cycle
-from runner.decide import drift_summary
 from runner.engine import HostRun, ProbeResult
 from runner.state import ClusterRecord, ClusterStatus, HistoryEntry, HistoryKind
+from runner.words import drift_summary
 
 # The component name of the cluster side in drift, history and outcomes.
 COMPONENT = "cluster"

@@ -45,6 +45,11 @@ class Settings:
     limit: str | None = None
     # Only drift in and changes to these components lead to action (all when empty).
     components: tuple[str, ...] = ()
+    # GPU health: hosts asking a reset or a reboot at once at which automatic
+    # remediation stops (0: never), and how long after a remediation a GPU asking
+    # again is quarantined instead.
+    health_breaker: int = 3
+    health_window: float = 86400.0
 
     @property
     def default_policy(self) -> RolloutPolicy:
@@ -107,6 +112,9 @@ class CycleReport:
     cluster_failed: bool = False
     # Pool -> where its rollout stands after this cycle, in words.
     rollouts: dict[str, str] = field(default_factory=dict)
+    # Why automatic GPU remediation is held this cycle (the circuit breaker), in
+    # words; "" when it is not.
+    health_held: str = ""
     # When the next batch of a rollout may start (the loop's next cycle starts then
     # rather than a whole interval later); None when no rollout has one to go.
     next_batch_at: float | None = None
@@ -136,6 +144,8 @@ class Batch:
     cluster: bool
     started: float
     result: Future[RunResult]
+    # host -> the GPU remediation remediate.yml makes before the apply ({action, gpus}).
+    remedies: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass

@@ -20,8 +20,10 @@ from typing import Any
 
 from runner.cycle import Action, Settings
 from runner.engine import HostRun, ProbeResult
+from runner.health import OUT_OF_SERVICE
 from runner.rollout import IN_FLIGHT, PHASES, ROLLING, UNAVAILABLE, RolloutPhase, RolloutPolicy
 from runner.state import HostRecord, HostStatus, RolloutRecord
+from runner.words import drift_summary
 
 # Components whose drift is repaired only after a plan: putting them back can reload
 # the driver, lay out the GPUs anew or restart a container runtime (and with it the
@@ -116,6 +118,8 @@ def reasons(
         found.append("failed last time")
     if record.rollout_phase:
         found.append(f"rollout {record.rollout_phase}")
+    if record.remedy and not record.quarantined:
+        found.append(f"GPU {record.remedy.get('action')} owed")
     if not found and full_check_due(record.name, record.last_full_check, now, full_check_interval):
         found.append("full check due")
     return found
@@ -129,6 +133,7 @@ class Triage(StrEnum):
 
     HALTED = "halted"  # left as it failed, cordoned, until released
     ROLL_AS_PLANNED = "roll as planned"  # in a rollout for this very desired state
+    REMEDY = "remedy"  # its GPUs ask for a reset, a reboot or a replacement
     APPLY = "apply"  # needs no plan (a harmless repair)
     PLAN = "plan"
 
@@ -138,6 +143,8 @@ def triage(record: HostRecord, why: Sequence[str], desired: str, check_only: boo
         return Triage.PLAN
     if record.rollout_phase == RolloutPhase.HALTED:
         return Triage.HALTED
+    if owes(record):
+        return Triage.REMEDY
     if record.rollout_phase in ROLLING and record.rollout_target == desired:
         return Triage.ROLL_AS_PLANNED
     return Triage.PLAN if plan_needed(record, why, desired) else Triage.APPLY
@@ -368,8 +375,17 @@ class BatchPlan:
 
 
 def rollout_queue(hosts: Sequence[str], records: Mapping[str, HostRecord]) -> list[str]:
-    """Hosts already out of service first (a restarted reconciler resumes them)."""
-    return sorted(hosts, key=lambda h: (records[h].rollout_phase == RolloutPhase.QUEUED, h))
+    """Hosts already out of service first (a restarted reconciler resumes them; they
+    count against the budget), then those whose GPUs ask for a remediation."""
+    return sorted(
+        hosts,
+        key=lambda h: (records[h].rollout_phase == RolloutPhase.QUEUED, not owes(records[h]), h),
+    )
+
+
+def owes(record: HostRecord) -> bool:
+    """Whether the host's GPUs ask for a remediation (runner.remedy acts on it)."""
+    return record.remedy.get("action") in OUT_OF_SERVICE and not record.quarantined
 
 
 def next_batch(
@@ -382,7 +398,12 @@ def next_batch(
 ) -> BatchPlan:
     """A pool's next batch within its policy. `members`: the pool's stored records;
     `applying`: the hosts of its batch still applying, if one is."""
-    halted = sorted(h for h, r in members.items() if r.rollout_phase == RolloutPhase.HALTED)
+    # A host quarantined for its GPUs stays out (it counts in `busy`), but halts nothing.
+    halted = sorted(
+        h
+        for h, r in members.items()
+        if r.rollout_phase == RolloutPhase.HALTED and not r.quarantined
+    )
     busy = [h for h, r in members.items() if r.rollout_phase in UNAVAILABLE and h not in queue]
     size = min(policy.max_parallel, policy.max_unavailable - len(busy))
     wait = (rollout.last_batch or 0.0) + policy.pause - now
@@ -460,33 +481,6 @@ def blocked_by_budget(failure: str) -> bool:
 
 def reason_text(candidates: Mapping[str, Sequence[str]]) -> str:
     return "; ".join(f"{h} ({', '.join(r)})" for h, r in sorted(candidates.items()))
-
-
-def drift_summary(item: Mapping[str, Any]) -> str:
-    """One drift item in words: what it is and which of its fields changed, e.g.
-    "service dcgm-exporter.service: active_state active -> inactive"."""
-    recorded, current = item.get("recorded"), item.get("current")
-    what = f"{item['kind']} {item['name']}"
-    if current is None:
-        return f"{what}: gone (was {_brief(recorded)})"
-    if recorded is None:
-        return f"{what}: appeared ({_brief(current)})"
-    if isinstance(recorded, Mapping) and isinstance(current, Mapping):
-        changed = [
-            f"{key} {_brief(recorded.get(key))} -> {_brief(current.get(key))}"
-            for key in sorted(set(recorded) | set(current))
-            if recorded.get(key) != current.get(key)
-        ]
-        return f"{what}: " + ", ".join(changed)
-    return f"{what}: {_brief(recorded)} -> {_brief(current)}"
-
-
-def _brief(value: Any) -> str:
-    """A state value short enough for a history line (hashes to 12 characters)."""
-    if isinstance(value, Mapping):
-        return ", ".join(f"{k} {_brief(v)}" for k, v in sorted(value.items()))
-    text = str(value)
-    return text[:12] if len(text) == 64 and text.isalnum() else text
 
 
 def truthy(value: Any) -> bool:

@@ -128,6 +128,11 @@ class Engine(Protocol):
         (playbooks/slurm_drain.yml); each HostRun's `slurm` says what Slurm had."""
         ...
 
+    def remediate(self, remedies: Mapping[str, Mapping[str, Any]]) -> RunResult:
+        """Reset GPUs or reboot nodes (playbooks/remediate.yml): host -> {action, gpus};
+        each HostRun's `remedy` says what was done."""
+        ...
+
     def beside(self) -> Engine:
         """An engine for runs at the same time as this one's (a rollout batch's apply
         while the loop goes on), on hosts none of this one's runs touch."""
@@ -432,6 +437,15 @@ class AnsibleEngine:
                 # (slurm_drain auto would leave it drained).
                 **({"slurm_drain": "true"} if action == "resume" else {}),
             },
+        )
+        return collected(collector, hosts)
+
+    def remediate(self, remedies: Mapping[str, Mapping[str, Any]]) -> RunResult:
+        hosts = sorted(remedies)
+        collector = self._run(
+            "playbooks/remediate.yml",
+            hosts,
+            extravars={"gpufleet_remedies": {h: dict(remedies[h]) for h in hosts}},
         )
         return collected(collector, hosts)
 

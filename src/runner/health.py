@@ -3,17 +3,22 @@ which Xid events are new, and the history lines for what changed. Decisions only
 writer stores (runner.writer.Writer.health).
 
 The probe (gpufleet.nvidia.node_state) reads and classifies; docs/health.md has the
-table. Taking a node out of service for its health is not done yet (issue 39).
+table. What a host owes for its GPUs (`Remedy`): `owed` decides from each probe, and
+`breaker_open` whether the fleet remediates at all; runner.remedy carries it out.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 # Least to most severe, as the collection's gpu_health.ACTIONS.
 ACTIONS = ("none", "watch", "reset", "reboot", "replace")
+# The actions that take a node out of service: a reset or a reboot remediates it, a
+# replacement quarantines it; the ones below are recorded and counted only.
+OUT_OF_SERVICE = ("reset", "reboot", "replace")
+REMEDIATED = ("reset", "reboot")
 
 
 def severity(action: str) -> int:
@@ -101,3 +106,94 @@ def lines(
             said = "; ".join(s["detail"] for s in gpu["signals"])
             out.append(Line("gpu", f"GPU {address} asks {gpu['action']}: {said}"))
     return out
+
+
+# -- what a host owes for its GPUs ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Remedy:
+    """The remediation a host's GPUs ask for: the worst action asked, each GPU's
+    evidence (PCI address -> what asked it, with when it was first read), since when
+    it is owed, and why it was raised to a replacement, if it was."""
+
+    action: str
+    gpus: dict[str, list[str]] = field(default_factory=dict)
+    since: float = 0.0
+    why: str = ""
+
+    def stored(self) -> dict[str, Any]:
+        return {"action": self.action, "gpus": self.gpus, "since": self.since, "why": self.why}
+
+    @classmethod
+    def of(cls, stored: Mapping[str, Any]) -> Remedy | None:
+        if stored.get("action") not in OUT_OF_SERVICE:
+            return None
+        gpus = {str(a): [str(e) for e in found] for a, found in (stored.get("gpus") or {}).items()}
+        return cls(
+            str(stored["action"]), gpus, float(stored.get("since") or 0), stored.get("why", "")
+        )
+
+    @property
+    def text(self) -> str:
+        """One line for operators (and Slurm's drain reason): what, on which GPUs."""
+        said = "; ".join(f"GPU {a}: {', '.join(found)}" for a, found in sorted(self.gpus.items()))
+        return f"{self.action} asked ({said})" + (f"; {self.why}" if self.why else "")
+
+
+@dataclass(frozen=True)
+class Asking:
+    """One signal or Xid event asking to take the node out: on which GPU, what it is."""
+
+    address: str
+    evidence: str
+    action: str
+
+
+def asking(reading: Mapping[str, Any], events: Sequence[Mapping[str, Any]]) -> list[Asking]:
+    """The signals of a probe's reading and its new Xid events that ask a reset or more."""
+    found = []
+    for address, gpu in sorted((reading.get("gpus") or {}).items()):
+        for signal in gpu.get("signals") or []:
+            action = str(signal.get("action") or gpu.get("action") or "none")
+            if action in OUT_OF_SERVICE:
+                evidence = f"{signal.get('kind')}: {signal.get('detail', '')}"
+                found.append(Asking(address, evidence, action))
+    for event in events:
+        action = str(event.get("action") or "none")
+        if action in OUT_OF_SERVICE:
+            evidence = f"Xid {event.get('xid')} ({event.get('meaning')})"
+            found.append(Asking(str(event.get("pci_address")), evidence, action))
+    return found
+
+
+def owed(
+    before: Remedy | None,
+    found: Sequence[Asking],
+    now: float,
+    remedied_at: float | None,
+    window: float,
+) -> Remedy | None:
+    """What a host owes after a probe found `found`: what it owed before (an Xid is
+    read once; a remediation is owed until it is done) with what is asked now added,
+    the worst action of all. A GPU asking again within `window` seconds of the host's
+    last validated remediation asks for a replacement: the remediation did not hold."""
+    if not found:
+        return before
+    gpus = {a: list(e) for a, e in (before.gpus if before else {}).items()}
+    for one in found:
+        if one.evidence not in gpus.setdefault(one.address, []):
+            gpus[one.address].append(one.evidence)
+    actions = [one.action for one in found] + ([before.action] if before else [])
+    action, why = max(actions, key=severity), before.why if before else ""
+    if before is None and remedied_at is not None and now - remedied_at < window:
+        action = "replace"
+        why = f"asked again {now - remedied_at:.0f} s after its last remediation"
+    return Remedy(action, gpus, before.since if before else now, why)
+
+
+def breaker_open(owing: int, threshold: int) -> bool:
+    """Whether automatic remediation stops: `owing` hosts of the fleet ask for a reset or
+    a reboot at once, at least `threshold` (0: never). Many nodes failing together is
+    more likely a bad driver or firmware than bad hardware."""
+    return threshold > 0 and owing >= threshold

@@ -33,7 +33,7 @@ NODE_READY_GAUGES = {
 _READY = ("ready", "pre-installed")
 
 
-def _health_metrics(r: CollectorRegistry) -> tuple[Gauge, Counter]:
+def _health_metrics(r: CollectorRegistry) -> tuple[Gauge, Counter, Counter, Gauge]:
     """The GPUs' health per host (docs/health.md) and the Xid events counted."""
     health = Gauge(
         "gpufleet_host_gpu_health",
@@ -47,7 +47,19 @@ def _health_metrics(r: CollectorRegistry) -> tuple[Gauge, Counter]:
         ["host", "xid", "action"],
         registry=r,
     )
-    return health, xids
+    remediations = Counter(
+        "gpufleet_remediations",
+        "GPU remediations ended: action reset or reboot, result held or quarantined "
+        "(action replace: quarantined as the GPUs asked)",
+        ["host", "action", "result"],
+        registry=r,
+    )
+    breaker = Gauge(
+        "gpufleet_health_breaker_open",
+        "1 while too many hosts ask for GPU remediation at once and none is remediated",
+        registry=r,
+    )
+    return health, xids, remediations, breaker
 
 
 class Metrics(Observer):
@@ -94,7 +106,7 @@ class Metrics(Observer):
         self.rollout = Gauge(
             "gpufleet_rollout_hosts", "Hosts in each phase of a rollout", ["phase"], registry=r
         )
-        self.health, self.xids = _health_metrics(r)
+        self.health, self.xids, self.remediations, self.breaker = _health_metrics(r)
         self.node_ready = {
             name: Gauge(name, f"1 while the host's {'+'.join(stages)} pass", ["node"], registry=r)
             for name, stages in NODE_READY_GAUGES.items()
@@ -120,12 +132,16 @@ class Metrics(Observer):
     def xid_logged(self, host: str, xid: int, action: str) -> None:
         self.xids.labels(host, str(xid), action).inc()
 
+    def remediated(self, host: str, action: str, held: bool) -> None:
+        self.remediations.labels(host, action, "held" if held else "quarantined").inc()
+
     def cycle_finished(self, report: CycleReport) -> None:
         failed = any(o.action == Action.FAILED for o in report.outcomes.values())
         self.cycles.labels(
             "interrupted" if report.interrupted else "failed" if failed else "ok"
         ).inc()
         self.duration.observe(report.finished - report.started)
+        self.breaker.set(int(bool(report.health_held)))
 
     def host_updated(self, record: HostUpdated) -> None:
         for status in HostStatus:
@@ -165,6 +181,7 @@ class Metrics(Observer):
             self.changes,
             self.health,
             self.xids,
+            self.remediations,
         ):
             metric.remove_by_labels({"host": host})
         for gauge in self.node_ready.values():

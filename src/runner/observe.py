@@ -70,6 +70,10 @@ class Observer:
     def xid_logged(self, host: str, xid: int, action: str) -> None:
         """The driver logged Xid `xid` on `host`, asking for `action` (counted once)."""
 
+    def remediated(self, host: str, action: str, held: bool) -> None:
+        """A GPU remediation (`action`: reset, reboot) ended on `host` and held, or did
+        not and the host was quarantined (`action` replace: its GPUs asked for it)."""
+
 
 class Observers(Observer):
     """Tells every one of `observers`, in order."""
@@ -109,6 +113,10 @@ class Observers(Observer):
     def xid_logged(self, host: str, xid: int, action: str) -> None:
         for observer in self.observers:
             observer.xid_logged(host, xid, action)
+
+    def remediated(self, host: str, action: str, held: bool) -> None:
+        for observer in self.observers:
+            observer.remediated(host, action, held)
 
 
 class LogObserver(Observer):

@@ -56,17 +56,15 @@ def kubernetes(ctx: Context, work: Cycle, nodes: Sequence[str]) -> bool:
     return True
 
 
-def slurm(ctx: Context, work: Cycle, pool: str, batch: Sequence[str]) -> bool:
-    """Drain the batch's Slurm nodes (slurm_drain) and wait for their jobs: True
-    once none runs a job. A node with jobs holds the batch back, drained, and is
+def slurm(ctx: Context, work: Cycle, batch: Sequence[str], reason: str) -> bool:
+    """Drain the batch's Slurm nodes (slurm_drain) saying `reason`, and wait for their
+    jobs: True once none runs a job. A node with jobs holds the batch back, drained, and is
     asked again next cycle; past its slurm_drain_timeout it halts, naming them.
     Every host is taken in (who drained it, since when) before the answer."""
     asked = [h for h in batch if slurm_drain(h, work.hostvars[h])[0] != "false"]
     if not asked:
         return True
-    result = ctx.engine.slurm_action(
-        "drain", asked, f"rollout of a disruptive change (pool {pool})"
-    )
+    result = ctx.engine.slurm_action("drain", asked, reason)
     now = ctx.clock()
     ready = True
     for host in asked:

@@ -27,10 +27,11 @@ from collections.abc import Callable, Sequence
 
 from runner import apply, rolling, sweep
 from runner.cycle import Context, Cycle, CycleReport, HostOutcome, Settings, Stop
-from runner.decide import backoff_delay, drift_summary, jitter
+from runner.decide import backoff_delay, jitter
 from runner.engine import Engine
 from runner.observe import LogObserver, Observer, Observers
 from runner.state import StateStore
+from runner.words import drift_summary
 from runner.writer import Writer, release
 
 log = logging.getLogger("runner")

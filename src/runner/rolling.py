@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from runner import cluster as cluster_side
-from runner import decide, out_of_service
+from runner import decide, out_of_service, remedy
 from runner.apply import applied as take_applied
 from runner.cycle import Action, Batch, Context, Cycle, CycleReport
 from runner.decide import Situation, host_status
@@ -34,7 +34,9 @@ EXCLUDE_VARIABLE = "gpufleet_rollout_exclude"
 
 
 def roll(ctx: Context, work: Cycle) -> None:
-    """Move each pool's rollout one batch forward."""
+    """Move each pool's rollout one batch forward (none starts a GPU remediation while
+    the circuit breaker holds them)."""
+    remedy.hold(ctx, work)
     pools: dict[str, list[str]] = {}
     for host in work.to_roll:
         record = work.records[host]
@@ -62,7 +64,8 @@ def _join(ctx: Context, work: Cycle, pool: str, hosts: Sequence[str]) -> None:
         record = work.records[host]
         if record.rollout_phase is None:
             record.rollout_pool = pool
-            ctx.writer.phase(record, RolloutPhase.QUEUED, "disruptive change planned")
+            why = remedy.said(record) or "disruptive change planned"
+            ctx.writer.phase(record, RolloutPhase.QUEUED, why)
         elif record.rollout_pool != pool:  # phases set before pools existed
             record.rollout_pool = pool
             ctx.writer.save(record)
@@ -115,22 +118,30 @@ def start_batch(ctx: Context, work: Cycle, pool: str, batch: Sequence[str]) -> B
     nodes = [h for h in batch if decide.truthy(work.hostvars[h].get(CLUSTER_VARIABLE))]
     if not out_of_service.kubernetes(ctx, work, nodes):
         return None
-    if not out_of_service.slurm(ctx, work, pool, batch):
+    reason = (
+        remedy.slurm_reason(work.records, batch) or f"rollout of a disruptive change (pool {pool})"
+    )
+    if not out_of_service.slurm(ctx, work, batch, reason):
         return None
-    for host in batch:
+    hosts = remedy.quarantine_asked(ctx, work, batch)
+    if not hosts:
+        return None
+    remedies = remedy.asked(work.records, hosts)
+    for host in hosts:
+        what = f"its GPUs' {remedies[host]['action']}, then " if host in remedies else "its "
         ctx.writer.phase(
-            work.records[host], RolloutPhase.APPLYING, "out of service; its change applying"
+            work.records[host], RolloutPhase.APPLYING, f"out of service; {what}change applying"
         )
-    hosts = list(batch)
     applying: Future[RunResult]
     if ctx.background:
         ctx.executor = ctx.executor or ThreadPoolExecutor(thread_name_prefix="batch")
-        applying = ctx.executor.submit(ctx.engine.beside().converge, hosts, False, work.cluster)
+        engine = ctx.engine.beside()
+        applying = ctx.executor.submit(remedy.apply, engine, hosts, remedies, work.cluster)
     else:
         applying = Future()
-        applying.set_result(ctx.engine.converge(hosts, check=False, cluster=work.cluster))
+        applying.set_result(remedy.apply(ctx.engine, hosts, remedies, work.cluster))
     desired = {h: work.desired[h] for h in hosts}
-    return Batch(pool, hosts, nodes, desired, work.cluster, ctx.clock(), applying)
+    return Batch(pool, hosts, nodes, desired, work.cluster, ctx.clock(), applying, remedies)
 
 
 def collect(ctx: Context, work: Cycle, wait: bool = False) -> None:
@@ -170,6 +181,8 @@ def _finish_batch(ctx: Context, work: Cycle, batch: Batch, rollout: RolloutRecor
         record, run = records[host], result.hosts[host]
         take_applied(ctx, work, record, run, batch.desired[host])
         work.report.outcomes[host].action = Action.ROLLED_OUT
+        if run.succeeded and host in batch.remedies and not remedy.held(ctx, work, record, run):
+            continue  # quarantined: it stays out of service
         if run.succeeded:
             ctx.writer.phase(record, RolloutPhase.APPLIED, "change applied and validated")
             done.append(host)

@@ -39,6 +39,8 @@ CLUSTER_HOST = "localhost"
 CLUSTER_PROBE_FACT = "k8s_manifests_probe"
 # The fact playbooks/slurm_drain.yml publishes: a node's Slurm side in a rollout.
 SLURM_FACT = "gpufleet_slurm"
+# The fact the driver role's remediate tasks publish: what a GPU remediation did.
+REMEDY_FACT = "driver_remedy_result"
 
 
 def stage_passed(outcome: Mapping[str, Any]) -> bool:
@@ -88,6 +90,10 @@ class HostRun:
     # A Slurm action (slurm_drain.yml): managed, node, state_before, state (after),
     # reason_before, admin_drained, jobs; None when none ran.
     slurm: dict[str, Any] | None = None
+    # A GPU remediation (remediate.yml): done (reset | reboot), reset_failed, waits.
+    remedy: dict[str, Any] | None = None
+    # The GPUs' health read after a remediation's apply (node_state's `health`).
+    health: dict[str, Any] | None = None
 
     @property
     def changed_components(self) -> list[str]:
@@ -249,6 +255,8 @@ class EventCollector:
             run.action_changed = bool(res.get("changed"))
         elif isinstance(facts.get(SLURM_FACT), Mapping):
             run.slurm = dict(facts[SLURM_FACT])
+        elif isinstance(facts.get(REMEDY_FACT), Mapping):
+            run.remedy = dict(facts[REMEDY_FACT])
         elif host == CLUSTER_HOST and isinstance(facts.get(CLUSTER_PROBE_FACT), Mapping):
             self.probes[host] = _probe_result(host, facts[CLUSTER_PROBE_FACT])
         else:

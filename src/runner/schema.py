@@ -1,7 +1,7 @@
 """The state database's tables: the first schema and each migration from one version to
 the next (runner.state opens, creates and migrates with them)."""
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 _SCHEMA = """
 CREATE TABLE hosts (
@@ -87,8 +87,17 @@ _SCHEMA_8 = """
 ALTER TABLE hosts ADD COLUMN health TEXT NOT NULL DEFAULT '{}';
 ALTER TABLE hosts ADD COLUMN xid_seen TEXT NOT NULL DEFAULT '{}';
 """
+# Schema 9: the remediation a host's GPUs ask for (runner.health.Remedy, as a dict) and
+# when its last one was validated.
+_SCHEMA_9 = """
+ALTER TABLE hosts ADD COLUMN remedy TEXT NOT NULL DEFAULT '{}';
+ALTER TABLE hosts ADD COLUMN remedied_at REAL;
+"""
 
 # From schema N to N + 1; a new database runs all of them after _SCHEMA.
 _MIGRATIONS = dict(
-    enumerate((_SCHEMA_2, _SCHEMA_3, _SCHEMA_4, _SCHEMA_5, _SCHEMA_6, _SCHEMA_7, _SCHEMA_8), 1)
+    enumerate(
+        (_SCHEMA_2, _SCHEMA_3, _SCHEMA_4, _SCHEMA_5, _SCHEMA_6, _SCHEMA_7, _SCHEMA_8, _SCHEMA_9),
+        1,
+    )
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from runner.cycle import Action, CycleReport
 from runner.engine import STAGES
-from runner.health import severity
+from runner.health import Remedy, severity
 from runner.rollout import IN_FLIGHT, RolloutPhase
 from runner.state import ClusterRecord, ClusterStatus, HostRecord, HostStatus, RolloutRecord
 
@@ -59,6 +59,8 @@ def print_report(report: CycleReport, hosts: dict[str, HostRecord], diffs: bool)
                     print(f"    [{component}] " + text.replace("\n", "\n      "))
     if report.cluster:
         print(f"  cluster side: {report.cluster}")
+    if report.health_held:
+        print(f"  GPU remediation held: {report.health_held}")
     for pool, text in sorted(report.rollouts.items()):
         print(f"  rollout of pool {pool}: {text}")
 
@@ -76,6 +78,9 @@ def age(now: float, then: float | None) -> str:
 def host_line(record: HostRecord) -> str:
     where = record.failed_stage or ""
     why = record.reason if record.reason.startswith(f"{where}:") else f"{where}: {record.reason}"
+    gpus = Remedy.of(record.remedy) if record.quarantined else None
+    if gpus is not None:
+        return f"quarantined for its GPUs ({gpus.text}); once seen to: runner release {record.name}"
     if record.quarantined:
         return f"quarantined ({why}); once fixed: runner release {record.name}"
     if record.status in UNWELL:
@@ -158,6 +163,9 @@ def print_status(
         for address, gpu in (record.health.get("gpus") or {}).items():
             said = "; ".join(signal["detail"] for signal in gpu["signals"])
             print(f"{'':<{width}}    GPU {address} asks {gpu['action']}: {said}")
+        owed = Remedy.of(record.remedy)
+        if owed is not None and not record.quarantined:
+            print(f"{'':<{width}}    GPU remediation owed: {owed.text}")
     if cluster.status != ClusterStatus.UNKNOWN:
         print(f"cluster side: {cluster_line(cluster)}, applied {age(now, cluster.last_apply)}")
     for pool, rollout in rollouts.items():

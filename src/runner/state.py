@@ -134,6 +134,12 @@ class HostRecord:
     health: dict[str, Any] = field(default_factory=dict)
     # The newest Xid event recorded in the history ({boot, usec, seq}), so each counts once.
     xid_seen: dict[str, Any] = field(default_factory=dict)
+    # The remediation the GPUs ask for (runner.health.Remedy.stored): {} when none is
+    # owed; kept, with its evidence, while the host is quarantined for its GPUs.
+    remedy: dict[str, Any] = field(default_factory=dict)
+    # When its last remediation was validated: a GPU asking again soon after is
+    # quarantined rather than remediated again.
+    remedied_at: float | None = None
 
 
 @dataclass
@@ -179,7 +185,7 @@ class HistoryEntry:
     summary: str
 
 
-_JSON_FIELDS = ("stages", "drift", "health", "xid_seen")
+_JSON_FIELDS = ("stages", "drift", "health", "xid_seen", "remedy")
 
 
 def _row_to_host(row: sqlite3.Row) -> HostRecord:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 
 from runner import cluster as cluster_side
-from runner import decide
+from runner import decide, remedy
 from runner.cycle import Action, Context, Cycle, HostOutcome
 from runner.decide import Next, Situation, Triage, host_status
 from runner.engine import CLUSTER_HOST, HostRun
@@ -113,7 +113,8 @@ def _probed(ctx: Context, work: Cycle, record: HostRecord) -> None:
         fail(ctx, work, record, "unreachable", result.reason or "unreachable")
         return
     if result.health is not None:
-        ctx.writer.health(record, result.health)
+        events = ctx.writer.health(record, result.health)
+        remedy.found(ctx, record, result.health, events)
     drift = decide.relevant(result.drift, ctx.settings.components)
     record.drift = drift
     if drift:
@@ -173,7 +174,10 @@ def plan(ctx: Context, work: Cycle) -> None:
         if verdict == Triage.PLAN:
             continue
         why = candidates.pop(host)
-        if verdict == Triage.HALTED:
+        if verdict == Triage.REMEDY:
+            work.outcome(host, Action.PLANNED, reasons=why, message=remedy.said(record))
+            work.to_roll.append(host)
+        elif verdict == Triage.HALTED:
             message = f"rollout halted: {record.rollout_reason}; release it to go on"
             work.outcome(host, Action.SKIPPED, reasons=why, message=message)
             ctx.writer.save(record)

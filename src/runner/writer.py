@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from runner import health as gpu_health
-from runner.decide import Failure, drift_summary
+from runner.decide import Failure
 from runner.engine import STAGES, HostRun
 from runner.observe import HostUpdated, Observers
 from runner.rollout import RolloutPhase
@@ -29,6 +29,7 @@ from runner.state import (
     SlurmDrain,
     StateStore,
 )
+from runner.words import drift_summary
 
 log = logging.getLogger("runner")
 
@@ -85,9 +86,10 @@ class Writer:
         for item in items:
             self.observe.drift_found(item)
 
-    def health(self, record: HostRecord, reading: Mapping[str, Any]) -> None:
+    def health(self, record: HostRecord, reading: Mapping[str, Any]) -> list[dict[str, Any]]:
         """A probe's health reading, kept on `record` (stored with it) and told: history
-        entries, stored now, for each new Xid event and each GPU whose signals changed."""
+        entries, stored now, for each new Xid event and each GPU whose signals changed.
+        Returns the new Xid events."""
         after = gpu_health.stored(reading)
         events, record.xid_seen = gpu_health.new_events(reading, record.xid_seen)
         lines = gpu_health.lines(record.health, after, events)
@@ -101,6 +103,42 @@ class Writer:
         for event in events:
             xid, action = int(event.get("xid") or 0), str(event.get("action"))
             self.observe.xid_logged(record.name, xid, action)
+        return events
+
+    def remedy(self, record: HostRecord, remedy: gpu_health.Remedy | None) -> None:
+        """What the host's GPUs ask for now, kept on `record` (stored with it); a
+        history entry, stored now, when it is new or grew."""
+        stored = remedy.stored() if remedy else {}
+        if stored == record.remedy:
+            return
+        record.remedy = stored
+        if remedy is not None:
+            summary = f"remediation owed: {remedy.text}"
+            self.store.record([self._entry(record.name, HistoryKind.HEALTH, "remedy", summary)])
+            log.warning("%s: %s", record.name, summary)
+
+    def remedied(self, record: HostRecord, done: str, reset_failed: str = "") -> None:
+        """The host's remediation (`done`: reset, reboot) held: its GPUs ask nothing.
+        `reset_failed`: why a reset asked for became a reboot."""
+        record.remedy, record.remedied_at = {}, self.clock()
+        how = "a GPU reset" if done == "reset" else f"a {done}"
+        if reset_failed:
+            how += f" (the GPU reset failed: {reset_failed})"
+        summary = f"remediated by {how}; health check passed"
+        self.store.record([self._entry(record.name, HistoryKind.HEALTH, "remedy", summary)])
+        self.observe.remediated(record.name, done, True)
+
+    def quarantine_gpus(self, record: HostRecord, remedy: gpu_health.Remedy) -> None:
+        """The host's GPUs are not to be used again until an operator says so: it stays
+        out of service (halted in its pool), with the evidence kept in `remedy`."""
+        record.remedy, record.quarantined = remedy.stored(), True
+        reason = f"GPU quarantined: {remedy.text}"
+        record.rollout_phase, record.rollout_reason = RolloutPhase.HALTED, reason
+        hint = f"once the GPU is replaced or cleared: python -m runner release {record.name}"
+        event = self._entry(record.name, HistoryKind.QUARANTINE, "gpu", f"{reason}; {hint}")
+        self.save(record, [event])
+        self.observe.host_quarantined(record.name)
+        self.observe.remediated(record.name, remedy.action, False)
 
     def refused(self, record: HostRecord, reason: str, status: HostStatus) -> None:
         """The inventory is wrong, not the node: no backoff, no quarantine; said once."""
@@ -190,6 +228,9 @@ class Writer:
         """Clear a host's quarantine, backoff and halted rollout."""
         record = self.store.host(host)
         record.quarantined = False
+        # The operator has seen to the GPUs: what they asked is let go, and a GPU asking
+        # again is remediated afresh.
+        record.remedy, record.remedied_at = {}, None
         record.consecutive_failures = 0
         record.next_attempt = None
         if record.rollout_phase == RolloutPhase.HALTED:

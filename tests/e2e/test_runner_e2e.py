@@ -378,36 +378,47 @@ def test_injected_drift_is_repaired_on_that_node_only(fleet: Fleet):
     assert fleet.status()["e2e-t4"]["status"] == "converged"
 
 
-def _fault(node: str, *args: str) -> None:
+def inject_fault(node: str, *args: str) -> None:
     done = subprocess.run([*FLEET, "fault", node, *args], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_a_gpu_fault_is_read_by_the_probe_shown_and_its_xid_recorded_once(fleet: Fleet):
+def test_a_gpu_fault_asking_a_reset_is_remediated_and_its_xid_recorded_once(fleet: Fleet):
     """A double-bit ECC error on the T4 (the simulated board's counters and the driver's
     Xid 48 in the node's kernel log): the probe reads it through Debian's nvidia-smi and
-    /dev/kmsg, `status` names the GPU and what it asks for, the history has the Xid once.
-    Health is not drift: nothing is applied. (Taking the node out is not built yet.)"""
-    _fault("e2e-t4", "ecc-dbe", "--gpu", "0")
+    /dev/kmsg and it asks for a GPU reset. The reconciler takes the node out of service,
+    stops its GPU services and runs `nvidia-smi --gpu-reset`, which the simulated board
+    refuses (its reset is not simulated), so the node is rebooted under the inventory's
+    driver_reboot_policy, applied, read again and returned. The Xid counts once."""
+    inject_fault("e2e-t4", "ecc-dbe", "--gpu", "0")
     result = fleet.reconcile("--once")
-    assert "e2e-t4: probed" in result.stdout, result.stdout + result.stderr
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "e2e-t4: rolled-out; because GPU reset owed" in result.stdout, result.stdout
     t4 = fleet.status()["e2e-t4"]
-    assert t4["status"] == "converged"
-    assert t4["health"]["action"] == "reset"
-    [(address, gpu)] = t4["health"]["gpus"].items()
-    assert [s["kind"] for s in gpu["signals"]] == ["ecc-dbe", "retire-pending"]
-    shown = fleet.runner("status").stdout
-    assert f"GPU {address} asks reset: " in shown
-    assert "health=reset" in next(line for line in shown.splitlines() if "e2e-t4" in line)
-    xids = [e for e in fleet.history("e2e-t4") if (e["kind"], e["component"]) == ("health", "xid")]
-    assert [x["summary"].split(" (")[0] for x in xids] == [f"Xid 48 on GPU {address} asks reset"]
+    assert (t4["status"], t4["rollout_phase"], t4["remedy"]) == ("converged", None, {})
+    assert t4["health"] == {"action": "none", "gpus": {}}
+    entries = [e for e in fleet.history("e2e-t4") if e["kind"] in ("health", "rollout")]
+    assert [e["component"] for e in entries[-9:]] == [
+        *("xid", "gpu", "remedy"),  # read, and owed
+        *("queued", "applying"),  # out of service, reset then reboot, apply
+        *("gpu", "remedy"),  # read again: no signal
+        *("applied", "done"),  # back in service
+    ], entries
+    xid, _, owed, queued, applying, cleared, remedied, *_ = (e["summary"] for e in entries[-9:])
+    address = xid.split()[4]
+    assert xid.startswith(f"Xid 48 on GPU {address} asks reset")
+    assert owed.startswith(f"remediation owed: reset asked (GPU {address}: ecc-dbe: ")
+    assert queued.startswith("GPU remediation owed: reset asked")
+    assert applying == "out of service; its GPUs' reset, then change applying"
+    assert cleared == f"GPU {address}: no signal any more"
+    # The reset was tried and refused by the simulated board; the reboot remediated.
+    assert remedied.startswith("remediated by a reboot (the GPU reset failed: GPU Reset "), remedied
+    assert remedied.endswith("; health check passed")
 
-    _fault("e2e-t4", "clear")  # the board replaced; the kernel's log still holds the Xid
-    fleet.reconcile("--once")
-    assert fleet.status()["e2e-t4"]["health"] == {"action": "none", "gpus": {}}
+    result = fleet.reconcile("--once")
+    assert "e2e-t4: probed" in result.stdout, result.stdout
     entries = [e for e in fleet.history("e2e-t4") if e["kind"] == "health"]
     assert [e["component"] for e in entries].count("xid") == 1, "an Xid counts once"
-    assert entries[-1]["summary"] == f"GPU {address}: no signal any more"
 
 
 def test_a_sources_file_mangled_by_hand_is_repaired_and_apt_works_again(fleet: Fleet):

@@ -6,7 +6,8 @@ The tests run in order, each on what the one before left, as a site would meet t
 gpufleet declares the GPU and says what slurm.conf lacks; the administrator puts the
 rendered line in; Slurm then schedules a GPU job; a node whose validation fails is
 withdrawn and comes back by itself once it passes again; a drain an administrator set
-is left alone.
+is left alone; a driver change and a GPU fallen off the bus each wait in drain for the
+node's job, then are applied (the GPU remediated by a reboot) and the node resumed.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from test_runner_e2e import FLEET, Fleet, start_fleet
+from test_runner_e2e import FLEET, Fleet, inject_fault, start_fleet
 
 NODES = {"slurm-head": "none", "slurm-t4": "t4-1", "slurm-a100": "a100-mig"}
 OLDER = "535.261.03"  # Debian's older build; the node onboards with 535.309.01
@@ -281,6 +282,47 @@ def test_a_driver_change_waits_in_drain_for_the_job_then_resumes_the_node(fleet:
     # A second pass changes nothing.
     result = fleet.reconcile("--once")
     assert result.stdout.startswith("cycle: 3 probed, 0 planned, 0 applied"), result.stdout
+
+
+def test_a_gpu_fallen_off_the_bus_is_drained_rebooted_validated_and_resumed(fleet: SlurmFleet):
+    """Xid 79 on the T4: nvidia-smi cannot reach the GPU and the driver logged it. The
+    node is drained in Slurm with a reason naming the GPU and the Xid and waits for its
+    job; then it is rebooted (a lost GPU asks for one; the inventory's
+    driver_reboot_policy is if_needed), applied, read again and resumed."""
+    submitted = fleet.on_node(HEAD, "sbatch", "--parsable", "-w", GPU, "--wrap", "sleep 600")
+    assert submitted.returncode == 0, submitted.stderr
+    job = submitted.stdout.strip().split(";")[0]
+    deadline = time.monotonic() + 60
+    while "RUNNING" not in fleet.on_node(HEAD, "squeue", "-h", "-j", job, "-o", "%T").stdout:
+        assert time.monotonic() < deadline, "the job did not start"
+        time.sleep(1)
+    inject_fault(GPU, "lost", "--gpu", "0")
+    result = fleet.reconcile("--once")
+    record = fleet.status()[GPU]
+    assert record["remedy"]["action"] == "reboot", result.stdout + result.stderr
+    assert record["rollout_phase"] == "cordoned", result.stdout
+    assert f"Slurm job(s) {job} still running" in record["rollout_reason"]
+    [address] = record["remedy"]["gpus"]
+    node = fleet.scontrol()
+    assert "DRAIN" in node["State"], node
+    assert node["Reason"].startswith(f"gpufleet: GPU {address} reboot (lost: "), node
+    assert "Xid 79 (" in node["Reason"], node
+
+    assert fleet.on_node(HEAD, "scancel", job).returncode == 0
+    deadline = time.monotonic() + 60
+    while _jobs(fleet):
+        assert time.monotonic() < deadline, "the job did not end"
+        time.sleep(1)
+    result = fleet.reconcile("--once")
+    assert result.returncode == 0, result.stdout + result.stderr
+    node = fleet.scontrol()
+    assert (node["State"], node["Reason"]) == ("IDLE", ""), node
+    record = fleet.status()[GPU]
+    assert (record["remedy"], record["health"]["action"]) == ({}, "none"), record
+    assert record["rollout_phase"] is None and record["remedied_at"] is not None
+    health = [e["summary"] for e in fleet.history(GPU) if e["kind"] == "health"]
+    assert health[-1] == "remediated by a reboot; health check passed", health
+    assert _smi(fleet, "pci.bus_id").lower().endswith(address.split(":", 1)[1])
 
 
 def test_a_new_mig_layout_halts_drained_until_slurm_conf_has_its_line(fleet: SlurmFleet):

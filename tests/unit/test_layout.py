@@ -19,7 +19,12 @@ def test_default_inventory_reaches_no_host():
 
 # Playbooks the reconciler runs on their own, not in a converge pass: the drift check,
 # the cordon/drain/uncordon steps of a rollout, and its Slurm drain and resume.
-RUN_ON_THEIR_OWN = {"playbooks/probe.yml", "playbooks/rollout.yml", "playbooks/slurm_drain.yml"}
+RUN_ON_THEIR_OWN = {
+    "playbooks/probe.yml",
+    "playbooks/remediate.yml",
+    "playbooks/rollout.yml",
+    "playbooks/slurm_drain.yml",
+}
 
 
 def test_site_imports_every_playbook():

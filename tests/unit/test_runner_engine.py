@@ -31,6 +31,7 @@ from runner.engine import (
     project_hash,
     stage_passed,
 )
+from runner.runs import REMEDY_FACT
 
 PROJECT = Path(__file__).resolve().parents[2]
 
@@ -151,6 +152,21 @@ def test_a_slurm_action_is_read_from_its_fact():
     event["event_data"]["role"] = ""
     collector(event)
     assert collector.hosts["a"].slurm == fact
+
+
+def test_a_remediation_is_read_from_the_fact_the_driver_role_sets():
+    """The fact's name is the one roles/driver/tasks/remediate.yml sets."""
+    tasks = yaml.safe_load((PROJECT / "roles/driver/tasks/remediate.yml").read_text())
+    set_facts = [t["ansible.builtin.set_fact"] for t in tasks if "ansible.builtin.set_fact" in t]
+    assert any(REMEDY_FACT in facts for facts in set_facts)
+    collector = EventCollector()
+    fact = {"done": "reboot", "reset_failed": "GPU Reset couldn't run", "waits": False}
+    res = {"ansible_facts": {REMEDY_FACT: fact}}
+    event = _ok("Record what was done", "ansible.builtin.set_fact", res)
+    event["event_data"]["role"] = "driver"
+    collector(event)
+    assert collector.hosts["a"].remedy == fact
+    assert collector.hosts["a"].changes == []
 
 
 def _failed(task: str, role: str, msg: str) -> dict:

@@ -4,6 +4,7 @@ the loop on the fake engine of test_runner_loop."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from prometheus_client import generate_latest
@@ -99,6 +100,8 @@ def test_the_loop_keeps_health_records_it_and_shows_it(store: StateStore, capsys
     metrics = Metrics()
     reconciler, engine, clock = converged(store, "a", "b")
     reconciler.observe = Observers([metrics])
+    # Check only: what is read and kept, not the remediation (test_runner_remedy.py).
+    reconciler.ctx.settings = replace(reconciler.settings, check_only=True)
     engine.nodes["a"].health = reading(
         {A100: [signal("remap-pending", "reset", "a memory row waits to be remapped")]},
         [xid(7, 4_000, 48, "reset")],
@@ -112,12 +115,18 @@ def test_the_loop_keeps_health_records_it_and_shows_it(store: StateStore, capsys
     assert [(e.host, e.component, e.summary) for e in entries] == [
         ("a", "xid", "Xid 48 on GPU 0000:af:00.0 asks reset (the table's words): text of 48"),
         ("a", "gpu", "GPU 0000:af:00.0 asks reset: a memory row waits to be remapped"),
+        (
+            "a",
+            "remedy",
+            "remediation owed: reset asked (GPU 0000:af:00.0: remap-pending: a memory row "
+            "waits to be remapped, Xid 48 (the table's words))",
+        ),
     ]
     assert store.host("b").health == {"action": "none", "gpus": {}}
 
     # The same reading again: nothing more in the history, the Xid counted once.
     reconciler.cycle()
-    assert len([e for e in store.history() if e.kind == HistoryKind.HEALTH]) == 2
+    assert len([e for e in store.history() if e.kind == HistoryKind.HEALTH]) == 3
     text = generate_latest(metrics.registry).decode()
     assert 'gpufleet_xid_events_total{action="reset",host="a",xid="48"} 1.0' in text
     assert 'gpufleet_host_gpu_health{host="a"} 2.0' in text

@@ -52,6 +52,10 @@ class Node:
     plan_failure: str = ""
     # What the probe reports of the GPUs' health (node_state's `health`), if anything.
     health: dict[str, Any] | None = None
+    # What a GPU remediation leaves the health reading (None: no signal on any GPU, the
+    # Xid events read before kept), and the failure it ends with, if any.
+    health_after_remedy: dict[str, Any] | None = None
+    remedy_failure: str = ""
 
 
 @dataclass
@@ -116,6 +120,8 @@ class FakeEngine:
         self.slurm_jobs: dict[str, list[str]] = {}
         self.slurm_drained: dict[str, str] = {}
         self.slurm_calls: list[tuple[str, tuple[str, ...]]] = []
+        # Every remediation asked: host -> {action, gpus}, one mapping per run.
+        self.remedies: list[dict[str, dict[str, Any]]] = []
 
     def inventory(self, limit: str | None = None) -> dict[str, dict[str, Any]]:
         names = [n for n in self.nodes if not limit or n == limit]
@@ -214,6 +220,26 @@ class FakeEngine:
 
     def beside(self) -> FakeEngine:
         return self
+
+    def remediate(self, remedies: Any) -> RunResult:
+        """A GPU reset or a reboot: it clears what the node's `health_after_remedy` says."""
+        self.calls.append(("remediate", tuple(sorted(remedies))))
+        self.remedies.append({h: dict(r) for h, r in remedies.items()})
+        runs = {}
+        for host, asked in remedies.items():
+            node = self.nodes[host]
+            if node.remedy_failure:
+                runs[host] = HostRun(host, failures=[node.remedy_failure])
+                continue
+            before = node.health or {}
+            node.health = node.health_after_remedy or {
+                "action": "none",
+                "gpus": {a: {"action": "none", "signals": []} for a in before.get("gpus") or {}},
+                "xid_events": list(before.get("xid_events") or []),
+                "boot_id": before.get("boot_id", "boot-1"),
+            }
+            runs[host] = HostRun(host, remedy={"done": asked["action"], "waits": False})
+        return RunResult(runs)
 
     def node_action(self, action: str, hosts: Sequence[str]) -> RunResult:
         self.calls.append((action, tuple(hosts)))
