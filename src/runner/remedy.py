@@ -142,7 +142,8 @@ def held(ctx: Context, work: Cycle, record: HostRecord, run: HostRun) -> bool:
     if run.health is None:
         asking = [gpu_health.Asking("?", "the GPUs' health could not be read", "replace")]
     if not asking:
-        ctx.writer.remedied(record, done, str(did.get("reset_failed") or ""))
+        said = ctx.writer.remedied(record, done, str(did.get("reset_failed") or ""))
+        work.report.say(record.name, said)
         return True
     again = gpu_health.owed(before, asking, ctx.clock(), None, 0.0) or Remedy("replace")
     quarantined = Remedy("replace", again.gpus, again.since, f"asked again right after its {done}")

@@ -117,9 +117,9 @@ class Writer:
             self.store.record([self._entry(record.name, HistoryKind.HEALTH, "remedy", summary)])
             log.warning("%s: %s", record.name, summary)
 
-    def remedied(self, record: HostRecord, done: str, reset_failed: str = "") -> None:
+    def remedied(self, record: HostRecord, done: str, reset_failed: str = "") -> str:
         """The host's remediation (`done`: reset, reboot) held: its GPUs ask nothing.
-        `reset_failed`: why a reset asked for became a reboot."""
+        `reset_failed`: why a reset asked for became a reboot. Returns what it says."""
         record.remedy, record.remedied_at = {}, self.clock()
         how = "a GPU reset" if done == "reset" else f"a {done}"
         if reset_failed:
@@ -127,6 +127,7 @@ class Writer:
         summary = f"remediated by {how}; health check passed"
         self.store.record([self._entry(record.name, HistoryKind.HEALTH, "remedy", summary)])
         self.observe.remediated(record.name, done, True)
+        return summary
 
     def quarantine_gpus(self, record: HostRecord, remedy: gpu_health.Remedy) -> None:
         """The host's GPUs are not to be used again until an operator says so: it stays

@@ -326,3 +326,22 @@ def test_a_driver_rollout_blocked_by_a_budget_waits_cordoned_then_ends_uncordone
         "applied",
         "done",
     ]
+
+
+def test_a_gpu_fallen_off_the_bus_is_cordoned_drained_rebooted_and_uncordoned(
+    cluster: Cluster,
+) -> None:
+    """Xid 79 on the T4 (`fleet.py fault … lost`): the node is cordoned and drained
+    (the workload's pods evicted, its budget now allowing it), rebooted under the
+    inventory's driver_reboot_policy, applied, read again and uncordoned."""
+    faulted = subprocess.run([*FLEET, "fault", GPU_NODE, "lost", "--gpu", "0"], check=False)
+    assert faulted.returncode == 0
+    result = cluster.reconcile()
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"{GPU_NODE}: rolled-out; because GPU reboot owed" in result.stdout, result.stdout
+    assert not cluster.get("node", GPU_NODE)["spec"].get("unschedulable")
+    history = json.loads(cluster.runner("history", "--json", "--host", GPU_NODE).stdout)
+    phases = [e["component"] for e in history if e["kind"] == "rollout"]
+    assert phases[-6:] == ["queued", "cordoned", "drained", "applying", "applied", "done"]
+    health = [e["summary"] for e in history if e["kind"] == "health"]
+    assert health[-1] == "remediated by a reboot; health check passed", health

@@ -352,3 +352,41 @@ def test_a_new_mig_layout_halts_drained_until_slurm_conf_has_its_line(fleet: Slu
     record = fleet.status()[MIG]
     assert record["rollout_phase"] is None
     assert (record["status"], record["stages"]["device_plugin"]) == ("converged", "ready")
+
+
+def test_a_burst_is_held_by_the_breaker_and_a_remapping_failure_is_quarantined(
+    fleet: SlurmFleet,
+):
+    """Both GPU nodes ask at once (the T4 lost, an A100 with a double-bit error) with the
+    breaker at two: neither is drained nor remediated, and the report says why. The
+    faults cleared by hand and the hosts released, an A100 with a failed row remapping
+    asks for a replacement: it is drained and quarantined with its evidence, and stays
+    so (not probed, not resumed) on the next cycle."""
+    inject_fault(GPU, "lost", "--gpu", "0")
+    inject_fault(MIG, "ecc-dbe", "--gpu", "0")
+    result = fleet.reconcile("--once", "--health-breaker", "2")
+    assert "GPU remediation held: 2 hosts ask for a GPU reset or a reboot" in result.stdout
+    for node in (GPU, MIG):
+        assert "DRAIN" not in fleet.scontrol(node)["State"], result.stdout
+        assert fleet.status()[node]["remedy"]["action"] in ("reset", "reboot")
+    for node in (GPU, MIG):
+        inject_fault(node, "clear")
+        assert fleet.runner("release", node).returncode == 0
+
+    inject_fault(MIG, "remap-failure", "--gpu", "1")
+    result = fleet.reconcile("--once")
+    assert result.returncode == 1, result.stdout + result.stderr  # a host quarantined
+    record = fleet.status()[MIG]
+    assert record["quarantined"] and record["remedy"]["action"] == "replace", record
+    [(address, evidence)] = record["remedy"]["gpus"].items()
+    assert evidence[0].startswith("remap-failure: "), evidence
+    node = fleet.scontrol(MIG)
+    assert "DRAIN" in node["State"], node
+    assert node["Reason"].startswith(f"gpufleet: GPU {address} replace (remap-failure"), node
+    assert fleet.status()[GPU]["remedy"] == {}
+    result = fleet.reconcile("--once")
+    assert result.stdout.startswith("cycle: 2 probed"), result.stdout
+    assert f"{MIG}: skipped; quarantined" in result.stdout, result.stdout
+    assert "DRAIN" in fleet.scontrol(MIG)["State"]
+    shown = fleet.runner("status").stdout
+    assert f"quarantined for its GPUs (replace asked (GPU {address}: remap-failure" in shown

@@ -255,3 +255,17 @@ def test_the_docs_table_is_the_codes_table():
     assert _doc_rows("Xid events") == xids | {"other": "watch"}
     for action, meaning in [*gh.SIGNALS.values(), *gh.XIDS.values()]:
         assert action in gh.ACTIONS and meaning
+
+
+def test_gpu_facts_reads_the_kernel_log_only_when_asked(monkeypatch):
+    """The stages read the facts for the GPUs' identity and driver (kernel_log: false);
+    the facts play and the probe read the Xid events."""
+    from ansible_collections.gpufleet.nvidia.plugins.modules import gpu_facts
+
+    reads = []
+    monkeypatch.setattr(gh, "read_kernel_log", lambda: reads.append(1) or ("", None))
+    gpus = [{"pci_address": "0000:3b:00.0"}]
+    skipped = gpu_facts._health([], {}, gpus, {}, True, kernel_log=False)
+    assert (skipped["xid_events"], reads) == (None, [])
+    read = gpu_facts._health([], {}, gpus, {}, True)
+    assert (read["xid_events"], reads) == ([], [1])

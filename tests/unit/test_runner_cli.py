@@ -70,6 +70,8 @@ def test_module_entry_point_and_unknown_option():
         (["--interval", "soon"], "expected a number, got 'soon'"),
         (["--max-parallel", "0"], "expected at least 1, got 0"),
         (["--once", "--interval", "60"], "not allowed with argument --once"),
+        (["--health-breaker", "-1"], "expected at least 0, got -1"),
+        (["--health-window", "a day"], "expected a number, got 'a day'"),
     ],
 )
 def test_bad_arguments_are_refused_in_words(capsys, state, argv, words):
@@ -78,6 +80,17 @@ def test_bad_arguments_are_refused_in_words(capsys, state, argv, words):
     assert exit_info.value.code == cli.Exit.USAGE
     assert words in capsys.readouterr().err
     assert not state.exists(), "nothing was touched"
+
+
+def test_the_health_options_reach_the_settings():
+    parse = cli.build_parser().parse_args
+    args = parse(
+        ["reconcile", "-i", EMPTY_INVENTORY, "--health-breaker", "0", "--health-window", "600"]
+    )
+    settings = cli._settings(args, check_only=False)
+    assert (settings.health_breaker, settings.health_window) == (0, 600.0)
+    defaults = cli._settings(parse(["reconcile", "-i", EMPTY_INVENTORY]), False)
+    assert (defaults.health_breaker, defaults.health_window) == (3, 86400.0)
 
 
 def test_parallel_beyond_unavailable_is_refused(capsys, state):

@@ -63,6 +63,7 @@ def test_a_lost_gpu_on_a_slurm_node_is_drained_rebooted_validated_and_returned(
         "remediated by a reboot; health check passed"
     )
     assert report.outcomes["a"].action == "rolled-out"
+    assert report.outcomes["a"].message == "remediated by a reboot; health check passed"
     assert store.host("b").rollout_phase is None and "b" not in engine.acted_on("apply")
     text = generate_latest(metrics.registry).decode()
     assert 'gpufleet_remediations_total{action="reboot",host="a",result="held"} 1.0' in text

@@ -31,6 +31,13 @@ options:
       - Call C(nvidia-smi) when the nvidia module is loaded.
     type: bool
     default: true
+  kernel_log:
+    description:
+      - Read the driver's Xid events from the kernel's log (C(/dev/kmsg)) into the
+        C(health) fact; with C(false) its C(xid_events) is null (not read). The stages
+        that read the facts only for the GPUs' identity and driver leave it out.
+    type: bool
+    default: true
   health_actions:
     description:
       - A site's changes to the action each health signal asks for (the table is in
@@ -250,13 +257,19 @@ def _pci_names(gpus):
     return {}
 
 
-def _health(rows, unreachable, gpu_list, overrides, answered):
-    """The node's health facts; each GPU's own go into its entry of `gpu_list`."""
+def _health(rows, unreachable, gpu_list, overrides, answered, kernel_log=True):
+    """The node's health facts; each GPU's own go into its entry of `gpu_list`. The
+    kernel's log is read only with `kernel_log` (and where the node has GPUs)."""
     addresses = [gpu["pci_address"] for gpu in gpu_list]
     by_address = gpu_health.gpu_health(rows, unreachable, overrides, addresses)
     for gpu in gpu_list:
         gpu["health"] = by_address.get(gpu["pci_address"]) if answered or unreachable else None
-    log, log_error = gpu_health.read_kernel_log() if gpu_list else ("", None)
+    if not gpu_list:
+        log, log_error = "", None
+    elif kernel_log:
+        log, log_error = gpu_health.read_kernel_log()
+    else:
+        log, log_error = None, None
     health = {
         "action": gpu_health.worst(h["action"] for h in by_address.values()),
         "xid_events": None if log is None else gpu_health.parse_kmsg(log, overrides),
@@ -267,7 +280,7 @@ def _health(rows, unreachable, gpu_list, overrides, answered):
     return health
 
 
-def gather(module, sysfs_root, query_driver, overrides=None):
+def gather(module, sysfs_root, query_driver, overrides=None, kernel_log=True):
     devices = pci.scan(sysfs_root)
     gpus = pci.nvidia_gpus(devices)
     switches = pci.nvswitches(devices)
@@ -313,7 +326,7 @@ def gather(module, sysfs_root, query_driver, overrides=None):
         "os": _os_release(),
         "container_runtimes": runtimes,
         "labels": discovery.labels(gpu_list, driver, cuda_version),
-        "health": _health(rows, unreachable, gpu_list, overrides, rows is not None),
+        "health": _health(rows, unreachable, gpu_list, overrides, rows is not None, kernel_log),
     }
     if smi_error:
         facts["smi_error"] = smi_error
@@ -325,6 +338,7 @@ def main():
         argument_spec={
             "sysfs_root": {"type": "path", "default": "/sys"},
             "query_driver": {"type": "bool", "default": True},
+            "kernel_log": {"type": "bool", "default": True},
             "health_actions": {"type": "dict", "default": {}},
         },
         supports_check_mode=True,
@@ -339,7 +353,8 @@ def main():
         overrides = gpu_health.check_overrides(module.params["health_actions"])
     except gpu_health.HealthInputError as exc:
         module.fail_json(msg=f"health_actions (gpu_health_actions): {exc}")
-    facts = gather(module, sysfs_root, module.params["query_driver"], overrides)
+    params = module.params
+    facts = gather(module, sysfs_root, params["query_driver"], overrides, params["kernel_log"])
     module.exit_json(changed=False, ansible_facts={"gpufleet": facts})
 
 
