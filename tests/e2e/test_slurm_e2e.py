@@ -244,10 +244,10 @@ def _jobs(fleet: Fleet) -> list[str]:
     return fleet.on_node(HEAD, "squeue", "--noheader", "--format=%A").stdout.split()
 
 
-def test_a_driver_change_waits_in_drain_for_the_job_then_resumes_the_node(fleet: SlurmFleet):
-    before = _driver(fleet)
+def _start_job(fleet: Fleet, *options: str) -> str:
+    """A job of ten minutes on the GPU node, once it runs; returns its id."""
     submitted = fleet.on_node(
-        HEAD, "sbatch", "--parsable", "-w", GPU, "--gres=gpu:tesla_t4:1", "--wrap", "sleep 600"
+        HEAD, "sbatch", "--parsable", "-w", GPU, *options, "--wrap", "sleep 600"
     )
     assert submitted.returncode == 0, submitted.stderr
     job = submitted.stdout.strip().split(";")[0]
@@ -255,6 +255,21 @@ def test_a_driver_change_waits_in_drain_for_the_job_then_resumes_the_node(fleet:
     while "RUNNING" not in fleet.on_node(HEAD, "squeue", "-h", "-j", job, "-o", "%T").stdout:
         assert time.monotonic() < deadline, "the job did not start"
         time.sleep(1)
+    return job
+
+
+def _cancel_job(fleet: Fleet, job: str) -> None:
+    """Cancel the job and wait until no job is left."""
+    assert fleet.on_node(HEAD, "scancel", job).returncode == 0
+    deadline = time.monotonic() + 60
+    while _jobs(fleet):
+        assert time.monotonic() < deadline, "the job did not end"
+        time.sleep(1)
+
+
+def test_a_driver_change_waits_in_drain_for_the_job_then_resumes_the_node(fleet: SlurmFleet):
+    before = _driver(fleet)
+    job = _start_job(fleet, "--gres=gpu:tesla_t4:1")
     fleet.set_host_vars(driver_version=OLDER)
     result = fleet.reconcile("--once")
     record = fleet.status()[GPU]
@@ -264,11 +279,7 @@ def test_a_driver_change_waits_in_drain_for_the_job_then_resumes_the_node(fleet:
     assert "DRAIN" in node["State"] and node["Reason"].startswith("gpufleet: "), node
     assert _driver(fleet) == before, "the driver is not touched while the job runs"
     # The job ends: the next cycle applies the change, validates it, resumes the node.
-    assert fleet.on_node(HEAD, "scancel", job).returncode == 0
-    deadline = time.monotonic() + 60
-    while _jobs(fleet):
-        assert time.monotonic() < deadline, "the job did not end"
-        time.sleep(1)
+    _cancel_job(fleet, job)
     result = fleet.reconcile("--once")
     assert result.returncode == 0, result.stdout + result.stderr
     assert _driver(fleet) == OLDER
@@ -289,13 +300,7 @@ def test_a_gpu_fallen_off_the_bus_is_drained_rebooted_validated_and_resumed(flee
     node is drained in Slurm with a reason naming the GPU and the Xid and waits for its
     job; then it is rebooted (a lost GPU asks for one; the inventory's
     driver_reboot_policy is if_needed), applied, read again and resumed."""
-    submitted = fleet.on_node(HEAD, "sbatch", "--parsable", "-w", GPU, "--wrap", "sleep 600")
-    assert submitted.returncode == 0, submitted.stderr
-    job = submitted.stdout.strip().split(";")[0]
-    deadline = time.monotonic() + 60
-    while "RUNNING" not in fleet.on_node(HEAD, "squeue", "-h", "-j", job, "-o", "%T").stdout:
-        assert time.monotonic() < deadline, "the job did not start"
-        time.sleep(1)
+    job = _start_job(fleet)
     inject_fault(GPU, "lost", "--gpu", "0")
     result = fleet.reconcile("--once")
     record = fleet.status()[GPU]
@@ -308,11 +313,7 @@ def test_a_gpu_fallen_off_the_bus_is_drained_rebooted_validated_and_resumed(flee
     assert node["Reason"].startswith(f"gpufleet: GPU {address} reboot (lost: "), node
     assert "Xid 79 (" in node["Reason"], node
 
-    assert fleet.on_node(HEAD, "scancel", job).returncode == 0
-    deadline = time.monotonic() + 60
-    while _jobs(fleet):
-        assert time.monotonic() < deadline, "the job did not end"
-        time.sleep(1)
+    _cancel_job(fleet, job)
     result = fleet.reconcile("--once")
     assert result.returncode == 0, result.stdout + result.stderr
     node = fleet.scontrol()

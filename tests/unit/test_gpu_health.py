@@ -269,3 +269,20 @@ def test_gpu_facts_reads_the_kernel_log_only_when_asked(monkeypatch):
     assert (skipped["xid_events"], reads) == (None, [])
     read = gpu_facts._health([], {}, gpus, {}, True)
     assert (read["xid_events"], reads) == ([], [1])
+
+
+def test_a_real_h100s_answer_to_the_health_query_is_one_call_and_no_signal():
+    """The query the probe and gpu_facts make, as driver 580.159.04 answered it on a
+    real H100 80GB HBM3 (the newer fields included: one nvidia-smi call)."""
+    text = (SMI / "h100-80gb-hbm3-580.159.04.health-query.csv").read_text()
+    calls = []
+
+    def run(argv):
+        calls.append(argv)
+        return 0, text, ""
+
+    rows, unreachable, error = gh.query(run, "nvidia-smi", smi.QUERY_FIELDS)
+    assert (len(calls), unreachable, error) == (1, {}, None)
+    [row] = rows
+    assert (row["name"], row["gpu_recovery_action"]) == ("NVIDIA H100 80GB HBM3", "None")
+    assert gh.gpu_health(rows, unreachable) == {"0000:00:06.0": {"action": "none", "signals": []}}
