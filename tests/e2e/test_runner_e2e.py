@@ -410,7 +410,10 @@ def test_a_gpu_fault_asking_a_reset_is_remediated_and_its_xid_recorded_once(flee
     xid, _, owed, queued, applying, cleared, remedied, *_ = (e["summary"] for e in entries[-9:])
     address = xid.split()[4]
     assert xid.startswith(f"Xid 48 on GPU {address} asks reset")
-    assert owed.startswith(f"remediation owed: reset asked (GPU {address}: ecc-dbe: ")
+    # (the double-bit count itself is watched; the page it left to retire and the Xid
+    # ask for the reset)
+    assert owed.startswith(f"remediation owed: reset asked (GPU {address}: retire-pending: ")
+    assert owed.endswith(", Xid 48 (double-bit ECC error))"), owed
     assert queued.startswith("GPU remediation owed: reset asked")
     assert applying == "out of service; its GPUs' reset, then change applying"
     assert cleared == f"GPU {address}: no signal any more"
