@@ -365,7 +365,9 @@ def test_a_burst_is_held_by_the_breaker_and_a_remapping_failure_is_quarantined(
     so (not probed, not resumed) on the next cycle."""
     inject_fault(GPU, "lost", "--gpu", "0")
     inject_fault(MIG, "ecc-dbe", "--gpu", "0")
-    result = fleet.reconcile("--once", "--health-breaker", "2")
+    # (with no window: the T4 was remediated minutes ago, and a GPU asking again that
+    # soon would be quarantined rather than counted)
+    result = fleet.reconcile("--once", "--health-breaker", "2", "--health-window", "0")
     assert "GPU remediation held: 2 hosts ask for a GPU reset or a reboot" in result.stdout
     for node in (GPU, MIG):
         assert "DRAIN" not in fleet.scontrol(node)["State"], result.stdout
