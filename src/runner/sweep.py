@@ -221,7 +221,7 @@ def _planned(ctx: Context, work: Cycle, record: HostRecord, run: HostRun, why: l
         return
     record.last_full_check = ctx.clock()
     if verdict.leave_rollout:
-        _leave_rollout(ctx, record)
+        _leave_rollout(ctx, work, record)
     if verdict.next == Next.RECORD:
         if not verdict.needs_apply:
             settle(record, desired)  # nothing to change: it already is what is desired
@@ -237,19 +237,26 @@ def _planned(ctx: Context, work: Cycle, record: HostRecord, run: HostRun, why: l
     ctx.writer.save(record)
 
 
-def _leave_rollout(ctx: Context, record: HostRecord) -> None:
-    """Nothing left to change (put right by other means): out of the rollout, and
-    back in Slurm if gpufleet had drained it (a released halt)."""
-    left = "left the rollout: nothing to change any more"
+def _leave_rollout(ctx: Context, work: Cycle, record: HostRecord) -> None:
+    """Nothing left to change (put right by other means, or a quarantine released once
+    its GPU was seen to): out of the rollout, and back in Slurm and uncordoned where
+    gpufleet had taken it out."""
+    left = ["left the rollout: nothing to change any more"]
     if record.slurm_drained == SlurmDrain.GPUFLEET:
         resumed = ctx.engine.slurm_action("resume", [record.name]).hosts[record.name]
-        left += (
-            "; resumed in Slurm"
+        left.append(
+            "resumed in Slurm"
             if resumed.succeeded
-            else f"; resuming it in Slurm failed: {'; '.join(resumed.failures)}"
+            else f"resuming it in Slurm failed: {'; '.join(resumed.failures)}"
         )
+    # (a node cordoned before its rollout began is left so; uncordoning one that is not
+    # cordoned changes nothing)
+    if decide.truthy(work.hostvars[record.name].get(CLUSTER_VARIABLE)) and not record.keep_cordoned:
+        uncordoned = ctx.engine.node_action("uncordon", [record.name]).hosts[record.name]
+        left.append("uncordoned" if uncordoned.succeeded else "uncordoning it failed")
+    record.keep_cordoned = False
     out_of_rollout(record)
-    ctx.writer.phase(record, None, left)
+    ctx.writer.phase(record, None, "; ".join(left))
 
 
 def _diffs(run: HostRun) -> dict[str, list[str]]:

@@ -317,3 +317,28 @@ def test_a_remediation_waits_while_a_change_holds_the_pools_budget(store: StateS
     reconciler.cycle()
     assert engine.remedies == [{"b": {"action": "reboot", "gpus": [H100]}}]
     assert store.host("b").rollout_phase is None and "b" not in engine.slurm_drained
+
+
+def test_a_released_quarantine_returns_the_node_once_its_gpu_is_seen_to(
+    store: StateStore,  # noqa: F811
+) -> None:
+    """A Kubernetes and Slurm node quarantined for a remapping failure; the board
+    replaced and the host released: the next cycle finds nothing to change, resumes it
+    in Slurm and uncordons it."""
+    reconciler, engine, _ = converged(store, "a")
+    engine.nodes["a"].variables["k8s_manifests_apply"] = True
+    engine.slurm_nodes.add("a")
+    reconciler.cycle()
+    engine.nodes["a"].health = reading(
+        {H100: [signal("remap-failure", "replace", "remapped_rows.failure is Yes")]}
+    )
+    reconciler.cycle()
+    assert store.host("a").quarantined and engine.cordoned == {"a"}
+    engine.nodes["a"].health = reading({H100: []})  # the board replaced
+    reconciler.ctx.writer.release("a")
+    reconciler.cycle()
+    a = store.host("a")
+    assert (a.quarantined, a.rollout_phase, a.remedy) == (False, None, {})
+    assert engine.cordoned == set() and "a" not in engine.slurm_drained
+    [done] = [e.summary for e in store.history("a") if e.component == "done"][-1:]
+    assert done == "left the rollout: nothing to change any more; resumed in Slurm; uncordoned"
