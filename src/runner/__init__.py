@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """gpufleet's reconcile loop (python -m runner).
 
 Layers, top to bottom: CLI -> reconcile loop -> Ansible adapter -> state store.

@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Phase 4 of a cycle: apply to the hosts whose changes disrupt nothing (and the
 cluster side, once), and take in what an apply did to a host — here and at the end
 of a rollout batch.

@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """The command line's arguments: `build_parser()` and the exit codes' help text."""
 
 from __future__ import annotations

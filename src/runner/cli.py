@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Command line of the gpufleet reconciler: `python -m runner COMMAND`.
 
     reconcile   keep the fleet converged (a loop; --once for one cycle)

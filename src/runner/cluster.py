@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """The cluster side of a cycle (when the inventory sets k8s_manifests_apply).
 
 `due` reads the cluster probe: Node labels that drifted make their host owed, other

@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """What a cycle works with: the reconciler's settings and collaborators, one cycle's
 working memory, and the report it leaves.
 

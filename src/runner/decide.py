@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """The reconciler's decisions, as pure functions: given records, probe and plan
 results, and settings, what happens to a host and why. Nothing here runs Ansible,
 reads the clock or touches the state; the phases call these and carry the verdicts

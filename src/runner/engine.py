@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """The Ansible adapter: runs the project's playbooks with ansible-runner and turns
 their events into per-host, per-stage results; reads the inventory as
 `ansible-inventory --list` does, with Ansible's API in this process where it can.

@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """The GPUs' health as the reconciler keeps it: what to store of a probe's reading,
 which Xid events are new, and the history lines for what changed. Decisions only: the
 writer stores (runner.writer.Writer.health).

@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """The inventory, read in this process with Ansible's own API, as `ansible-inventory
 --list` reads it (the engine falls back to that command where this could differ)."""
 

@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """One reconciler per inventory: an advisory lock on a file in its state directory.
 
 The lock is an flock(2) on `lock`, so it goes away with the process that held it,

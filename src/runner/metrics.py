@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Prometheus metrics of the reconcile loop, served on 127.0.0.1 by default.
 
 The loop tells `Metrics` what happens (it is one of the loop's observers); nothing

@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """What the loop tells those who watch it (metrics, logs), as immutable events.
 
 Host updates come from the state writer alone, after each write; the phases tell of

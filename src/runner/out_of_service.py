@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Taking a rollout batch out of service and bringing it back: Kubernetes cordon and
 drain, the Slurm drain and its wait for the node's jobs, and after the change the
 Slurm resume and the uncordon. Each step's failure halts its host, which stays out

@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """The reconcile loop: level-triggered, cheap in steady state.
 
 A cycle is five phases over one `Cycle` (runner.cycle), each a function in the

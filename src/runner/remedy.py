@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """GPU remediation through the rollout machinery (docs/health.md).
 
 After each probe, `found` keeps on the host's record what its GPUs ask for

@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Phase 5 of a cycle: disruptive changes roll through their pools, a batch at a time,
 across cycles.
 

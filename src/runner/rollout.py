@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Rollout pools and their policies, read from the inventory.
 
 A disruptive change (a driver reload, a MIG layout, a container runtime restart)

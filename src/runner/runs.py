@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """What an Ansible run found, per host and stage, and how ansible-runner's events
 become it (`EventCollector`). The loop reads these results; only this module reads
 Ansible's event format."""

@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """The state database's tables: the first schema and each migration from one version to
 the next (runner.state opens, creates and migrates with them)."""
 

@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """What the CLI prints for people: a cycle's report, the status table's lines, a
 rollout's and the cluster side's state in words."""
 

@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """The site's Ansible, under the runner: its configuration governs, and the options
 sites use unattended pass through to every run.
 

@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """The runner's memory: one SQLite database per inventory, in a private state directory.
 
 What it keeps, per host: the desired state (a hash) the last successful apply

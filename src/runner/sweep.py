@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Phases 1 to 3 of a cycle: which hosts are due, the probe, and the plan.
 
 `due` reads the inventory and picks the hosts to probe; `probe` finds the candidates

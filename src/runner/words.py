@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Findings in words, for history lines and reports."""
 
 from __future__ import annotations

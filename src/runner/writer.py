@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """The one writer of the reconciler's state.
 
 Every write to the state database goes through `Writer` (a unit test fails when

@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Benchmark: the reconciler's steady-state sweep against Ansible's own drift checks.
 
     .venv/bin/python tests/bench/reconcile_bench.py [--nodes 20] [--keep]

@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Make the simulation's tools (tests/sim: the fleet and the test control plane) importable."""
 
 from __future__ import annotations

@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Adopting a node someone else set up, with gpufleet installed from its wheel.
 
 A simulated T4 provisioned by hand, as a site would have done it before gpufleet:

@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """The reconciler and the cluster side against a real API server.
 
 A T4 node and a CPU-only node of the simulated fleet, registered as Nodes of the test

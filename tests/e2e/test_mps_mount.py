@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """The device_plugin role's mount of MPS's shared memory, on a privileged simulated node.
 
 The simulated fleet's nodes are unprivileged containers, which cannot mount a tmpfs;

@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """The reconciler against real simulated nodes, through real ansible-runner.
 
 One small fleet for the whole module (the tests run in order, each building on the

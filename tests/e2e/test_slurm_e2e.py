@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Slurm's GRES from real facts, checked by real Slurm (Debian's slurmctld and slurmd
 from tests/sim/slurm.py) on a simulated T4, two A100s laid out in MIG devices by the
 mig stage (one GPU per NUMA node), and a CPU-only head node.

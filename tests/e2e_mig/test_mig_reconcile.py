@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """The MIG stage under the reconciler, on one simulated node with two A100s.
 
 Not part of `make test` (CI's time budget): run with `make e2e-mig`. The tests run in

@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """A driver rollout across reconcile cycles, on four simulated T4 nodes.
 
 Not part of `make test` (CI's time budget: about 15 minutes on 2 cores): run with

@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """A Kubernetes control plane for the simulated fleet (a test fixture).
 
 Real etcd, kube-apiserver, kube-controller-manager and kube-scheduler, built from the

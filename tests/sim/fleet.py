@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Start, stop and inspect a fleet of simulated GPU nodes (a test fixture).
 
 Each node is a podman container running systemd from the locally built image

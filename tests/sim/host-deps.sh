@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 # Install what the simulated fleet and the test suite need on this machine, from
 # Debian's packages, and only what is missing. Needs root (or passwordless sudo) on a
 # Debian or Ubuntu host.

@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Slurm on the simulated fleet (a test fixture): Debian's own munge, slurmctld,
 slurmd and slurm-client, as a site without Kubernetes runs them.
 

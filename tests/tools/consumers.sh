@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 # The real programs the unit tests feed gpufleet's output to, unpacked into
 # .cache/consumers (not installed, so no daemon starts on this machine):
 #   - Debian's containerd, which must accept the configs gpufleet writes;

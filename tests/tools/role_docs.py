@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Write docs/roles/<role>.md from each role's meta/argument_specs.yml.
 
     python tests/tools/role_docs.py          # write the pages

@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Run the test suite's parts in lanes side by side, then print what each part took.
 
     python tests/tools/suite.py --lane "lint unit molecule" --lane "e2e"

@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Make the collection, the simulation kit and the fleet tool importable in unit tests."""
 
 from __future__ import annotations

@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """gpufleet.nvidia as the artifact a user installs: built with ansible-galaxy, installed
 from its tarball into an empty collections path, its plugins run from there; every
 plugin's documentation renders with ansible-doc; the changelog's fragments lint; the
@@ -18,6 +20,7 @@ import yaml
 PROJECT = Path(__file__).resolve().parents[2]
 COLLECTION = PROJECT / "collections" / "ansible_collections" / "gpufleet" / "nvidia"
 BIN = Path(sys.executable).parent
+VERSION = yaml.safe_load((COLLECTION / "galaxy.yml").read_text())["version"]
 
 
 def tool(name: str, *args: str, cwd: Path, env: dict[str, str] | None = None) -> str:
@@ -49,7 +52,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     env = clean_env(path)
     build = ("collection", "build", str(COLLECTION), "--output-path", str(work))
     tool("ansible-galaxy", *build, cwd=work, env=env)
-    tarball = work / "gpufleet-nvidia-0.1.0.tar.gz"
+    tarball = work / f"gpufleet-nvidia-{VERSION}.tar.gz"
     tool(
         "ansible-galaxy", "collection", "install", str(tarball), "-p", str(path), cwd=work, env=env
     )
@@ -64,6 +67,7 @@ def test_the_tarball_holds_the_plugins_docs_and_changelog_and_no_tests(installed
     for name in (
         "MANIFEST.json",
         "README.md",
+        "COPYING",
         "CHANGELOG.md",
         "meta/runtime.yml",
         "plugins/modules/gpu_facts.py",
@@ -125,15 +129,29 @@ def plugins(kind: str) -> list[str]:
     return sorted(listing)
 
 
+def released_plugins(kind: str) -> dict[str, str]:
+    """{plugin: version} for the plugins the changelog records as released."""
+    changelog = yaml.safe_load((COLLECTION / "changelogs" / "changelog.yaml").read_text())
+    found = {}
+    for version, release in changelog["releases"].items():
+        changes = release.get("modules", []) if kind == "module" else []
+        changes += release.get("plugins", {}).get(kind, [])
+        found.update({plugin["name"]: version for plugin in changes})
+    return found
+
+
 @pytest.mark.parametrize("kind", ["module", "filter"])
 def test_every_plugin_has_documentation_and_examples(kind):
     names = plugins(kind)
     assert len(names) >= (6 if kind == "module" else 20)
     docs = json.loads(tool("ansible-doc", "--json", "-t", kind, *names, cwd=PROJECT))
+    released = released_plugins(kind)
     for name in names:
         entry = docs[name]
         assert entry["doc"]["short_description"], name
-        assert entry["doc"]["version_added"] == "0.1.0", name
+        # A plugin of a released version says that version; a new one, the next.
+        short = name.removeprefix("gpufleet.nvidia.")
+        assert entry["doc"]["version_added"] == released.get(short, VERSION), name
         assert (entry.get("examples") or "").strip(), f"{name} has no examples"
     text = tool("ansible-doc", "-t", kind, names[0], cwd=PROJECT)
     assert "EXAMPLES" in text

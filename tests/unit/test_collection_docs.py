@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Every module of the collection has documentation that ansible-doc renders."""
 
 from __future__ import annotations

@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """The container_runtime module through Ansible: check mode, diff, backup, idempotence."""
 
 from __future__ import annotations

@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """containerd_runtimes: what a containerd of a given version makes of its config.
 
 The dumps come from the real consumer (Debian's containerd 1.6 binary), so the test

@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """gpu_facts' pure logic: driver state, PCI scanning, GFD labels."""
 
 from __future__ import annotations

@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """What the driver role would install, and from where, on each supported OS."""
 
 from __future__ import annotations

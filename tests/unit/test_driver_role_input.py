@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Bad driver settings fail before any task touches a host, naming the variable.
 
 Runs the real driver role with ansible-playbook against the local machine, but only

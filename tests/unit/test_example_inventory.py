@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """inventories/example, the production-shaped example a site starts from: every
 setting in it passes the settings pass (as site.yml's first play runs it, no node
 contacted), its pools' rollout policies read, and its servers outside gpu_nodes are

@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """The AWX / Automation Platform execution environment: `ansible-builder create` turns
 collections/execution-environment.yml into a build context (building the image needs a
 registry, so the context is what is checked). It must carry the collections the roles
@@ -73,7 +75,9 @@ def test_the_roles_collections_and_ours_are_installed(context: Path, tmp_path: P
         str(tmp_path),
         cwd=tmp_path,
     )
-    listing = run("tar", "-tzf", str(tmp_path / "gpufleet-nvidia-0.1.0.tar.gz"), cwd=tmp_path)
+    version = yaml.safe_load((COLLECTION / "galaxy.yml").read_text())["version"]
+    tarball = tmp_path / f"gpufleet-nvidia-{version}.tar.gz"
+    listing = run("tar", "-tzf", str(tarball), cwd=tmp_path)
     ours = sorted(
         str(path.relative_to(COLLECTION))
         for path in (COLLECTION / "plugins").rglob("*")
@@ -81,3 +85,12 @@ def test_the_roles_collections_and_ours_are_installed(context: Path, tmp_path: P
     )
     missing = [name for name in ours if name not in listing.split()]
     assert not missing, missing
+
+
+def test_the_base_image_is_a_release_not_latest():
+    definition = yaml.safe_load((PROJECT / "collections" / "execution-environment.yml").read_text())
+    image = definition["images"]["base_image"]["name"]
+    name, _, tag = image.rpartition(":")
+    assert name.startswith("registry.access.redhat.com/ubi9/"), image
+    # A minor release of UBI 9 from 9.4 on (the first with python3.12), or a digest.
+    assert "@sha256:" in image or re.fullmatch(r"9\.([4-9]|\d\d)(-\d+)?", tag), image

@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Every way a stage can fail reaches the operator with a reason: the table of the
 roles' refusals is read from the roles themselves, and each one is driven through
 the path a real failure takes (the role's rescue and its failure_reason filter, or

@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """The collection's failure_reason filter: what a stage's outcome says when a task of
 its role failed, on the messages ansible-core 2.19 really gives (captured from
 ansible-playbook runs of a failing filter, a fail task and a command)."""

@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """The fleet tool's pure parts: recipe hashing, node specs, generated inventories."""
 
 from __future__ import annotations

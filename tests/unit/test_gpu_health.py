@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """GPU health signals (module_utils/gpu_health): NVML readings from --query-gpu rows, the
 driver's Xid lines from the kernel log, the table of what each asks for and a site's
 changes to it; on a real H200's output and on lines in the driver's documented formats."""

@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """gpu_holders: the processes holding a node's GPU device files, found in /proc."""
 
 from __future__ import annotations

@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """The simulation kit: profiles, the simulated sysfs, modules and their device files.
 
 What NVML and nvidia-smi make of a simulated node is in test_mock_nvml.py.

@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """The cluster side: node labels from each GPU profile, the manifests (schema-valid for
 every supported Kubernetes minor, and right where the schemas cannot tell), and bad
 input refused before anything is built."""

@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """The k8s_manifests role run for real (render mode) on made-up nodes: a complete,
 schema-valid manifest set, nothing rewritten on a second run, stale files removed
 (dcgm-exporter's when no node runs it in cluster mode), and bad input refused before

@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """The cluster side's record and its drift check (module_utils/k8s_state.py).
 
 The live objects here are shaped as the API server returns them (defaults, status,

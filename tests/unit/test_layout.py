@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Project-level promises: no default inventory, every stage playbook wired into site.yml."""
 
 from __future__ import annotations

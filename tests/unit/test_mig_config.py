@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """MIG layouts in mig-parted's config format: our checks against NVIDIA's own.
 
 `nvidia-mig-parted assert --valid-config -f FILE -c NAME` (the real tool, built by

@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """The MIG layouts gpufleet ships (roles/mig/files/mig-parted-config.yaml).
 
 The file is derived from the profile table (mig_profiles.MODELS): `expected_config`

@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """NVIDIA's mig-parted on the mock NVML: the tool the MIG stage will run on nodes.
 
 `nvidia-mig-parted` is built from its published Go module (tests/sim/migparted/build.sh).

@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Debian's nvidia-smi on the mock NVML, over a simulated node's state.
 
 The binary is NVIDIA's own (Debian's nvidia-smi package, unpacked by

@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Bad settings of the node roles fail before anything is written, naming the variable.
 
 The real roles run against the local machine in check mode with a fixture sysfs

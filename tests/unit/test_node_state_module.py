@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """The node_state module: record what an apply left, probe the node for drift from it.
 
 Most tests run the module's logic against a fake node (programs answered by `FakeNode`,

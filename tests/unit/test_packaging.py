@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """The controller's wheel (`make dist`): the runner package with, as package data,
 exactly what the playbooks run, so that an installed controller plans a host as a
 checkout would (the same project hash, so the same desired state)."""
@@ -42,3 +44,11 @@ def test_the_wheel_has_the_console_script_and_no_simulation(unpacked: Path):
     assert not [n for n in names if n.startswith(("tests/", "inventories/", "molecule/"))]
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
     assert "runner/systemd/gpufleet-reconcile.service" in names
+
+
+def test_the_wheel_declares_the_licence_and_carries_its_text(unpacked: Path):
+    (info,) = unpacked.glob("gpufleet-*.dist-info")
+    metadata = (info / "METADATA").read_text()
+    assert "License-Expression: GPL-3.0-or-later" in metadata.splitlines()
+    assert "License-File: LICENSE" in metadata.splitlines()
+    assert (info / "licenses" / "LICENSE").read_text() == (PROJECT / "LICENSE").read_text()

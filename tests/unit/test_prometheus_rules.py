@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """The alerting and recording rules shipped for the reconciler's metrics, checked by
 Prometheus's own promtool (Debian's, unpacked by tests/tools/consumers.sh): the rules
 load, and each alert fires when it should and not before (the cases are in

@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Repository signing keys pinned by fingerprint (module repo_key, module_utils openpgp).
 
 The fingerprints we compute are compared with GnuPG's own, for keys GnuPG generates

@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """The end-of-run report: one line per node, and a failed run when a stage failed."""
 
 from __future__ import annotations

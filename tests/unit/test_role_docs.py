@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """The per-role reference pages in docs/roles are generated from the roles' argument
 specs (tests/tools/role_docs.py): a spec changed without its page fails here."""
 

@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Every role validates its variables, and its spec agrees with its defaults."""
 
 from __future__ import annotations

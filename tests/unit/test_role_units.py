@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Systemd units the roles install as they are (roles/*/files), read by systemd itself.
 
 Those written from templates run on the simulated nodes; these are checked here too

@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """`python -m runner`: commands, input checks, exit codes, status and history output.
 
 Bad input must be refused in words before anything is touched; the real Ansible runs

@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """The reconciler's decisions on their own: records, probe and plan results in,
 verdicts out; no Ansible, no state database, no clock."""
 

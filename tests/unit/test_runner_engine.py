@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """The runner judges stage outcomes as the collection's gating does, turns
 ansible-runner events into what a plan shows, and reads the inventory and the
 project as ansible-inventory and the files themselves say."""

@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """The GPUs' health in the reconciler: what it keeps of each probe's reading, Xid
 events counted once, the history, `status` and the metrics (runner.health, the writer);
 the loop on the fake engine of test_runner_loop."""

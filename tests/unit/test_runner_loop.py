@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """The reconcile loop's decisions on fake time, with a fake Ansible.
 
 The fake fleet behaves like the real one where the loop can tell: a host's probe

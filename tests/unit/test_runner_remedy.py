@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """GPU remediation in the reconcile loop, on fake time with the fake Ansible of
 test_runner_loop: a node whose GPUs ask for a reset or a reboot is taken out of service
 within its pool's budget, remediated, applied, read again and returned; one asking for

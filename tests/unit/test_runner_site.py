@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """The site's Ansible under the runner: its ansible.cfg governs the runs (found as
 Ansible finds it), gpufleet only adds where its roles and collection are, and the
 options sites use unattended reach every run."""

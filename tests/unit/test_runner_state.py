@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """The reconciler's state: private, versioned, bounded, and refused when unusable."""
 
 from __future__ import annotations

@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """The reconciler's shape, as docs/reconciler.md maps it: one module writes the state,
 and no module or function grows past what a reader takes in at once."""
 

@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """The shipped units (pull mode's on a node, the controller's loop) are accepted by
 systemd and start a command the runner accepts."""
 

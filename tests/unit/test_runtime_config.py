@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """The NVIDIA runtime added to containerd, Docker and CRI-O configs, the rest kept.
 
 containerd configs are checked by the real consumer: Debian's containerd binary

@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Our runtime-config edits against NVIDIA's own `nvidia-ctk runtime configure`.
 
 For every input config below (containerd v1, v2 and v3, in place and as a drop-in;

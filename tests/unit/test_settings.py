@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """The settings rules: the forms argument specs cannot say, checked before any change.
 
 `settings.check` is the one place; the `settings_check` action runs it with each role's

@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """No role variable is left for a stage to refuse on its own (issue 44).
 
 The settings pass (`settings.check`, run by playbooks/settings.yml before any host is

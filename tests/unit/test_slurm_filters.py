@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Slurm's view of a node's GPUs: gres.conf entries and the slurm.conf Gres= value from
 the facts, and the reading of what slurmd and scontrol print (real Slurm 22.05 output,
 tests/unit/fixtures/slurm)."""

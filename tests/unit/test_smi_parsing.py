@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """gpu_facts' nvidia-smi parsers against hand-written outputs of several GPU models and
 the real output of an H100 (fixtures/nvidia-smi/README.md says which is which); and the
 simulation's H100 held against that real output."""

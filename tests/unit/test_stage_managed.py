@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """What each stage says it manages (`managed` in its stage fact, recorded by record.yml).
 
 The simulated fleet is Debian only; these evaluate the roles' own `managed` variables

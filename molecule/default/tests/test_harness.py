@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Verify the simulated-node harness: what an operator would see on these nodes."""
 
 from __future__ import annotations

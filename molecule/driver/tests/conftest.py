@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """The collection's parsers (module_utils) are what the tests read nvidia-smi with."""
 
 import sys

@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Shared helpers of the driver scenario's tests."""
 
 from __future__ import annotations

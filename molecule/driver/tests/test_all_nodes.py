@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """What every node of the driver scenario reports."""
 
 from __future__ import annotations

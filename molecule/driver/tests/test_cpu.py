@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """CPU-only node: the driver stage changes nothing."""
 
 from __future__ import annotations

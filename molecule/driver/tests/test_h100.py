@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """HGX H100 node, driver_reboot_policy: if_needed, newest 535 build."""
 
 from __future__ import annotations

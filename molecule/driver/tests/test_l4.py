@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """L4 node whose driver was installed outside any package manager."""
 
 from __future__ import annotations

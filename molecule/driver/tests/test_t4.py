@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """T4 node, driver_reboot_policy: never, driver_version pinned to 535.261.03.
 
 Runs after test_all_nodes.py (pytest orders files by name): the reboot below would

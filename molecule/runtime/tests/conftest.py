@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """The driver scenario's helpers (running playbooks, reading their JSON) serve here too."""
 
 from __future__ import annotations

@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """The device plugin (host service) and the exporter (host mode) on the converged node.
 
 Runs before test_runtime.py (file order), on the node as converge left it.

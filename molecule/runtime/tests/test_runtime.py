@@ -1,3 +1,5 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
 """The toolkit, runtime_config and validator stages on a node with containerd and Docker.
 
 Tests run in order: each leaves the node converged for the next.

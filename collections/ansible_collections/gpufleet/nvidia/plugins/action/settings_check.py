@@ -1,5 +1,6 @@
 # Copyright: gpufleet developers
-# Apache License 2.0 (see the repository's LICENSE)
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Action settings_check: every role's settings of a host, checked on the controller."""
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 # Copyright: gpufleet developers
-# Apache License 2.0 (see the repository's LICENSE)
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """failure_reason: a failed task's reason in the words of whoever failed it."""
 
 from __future__ import annotations

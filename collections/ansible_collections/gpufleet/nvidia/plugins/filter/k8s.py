@@ -1,5 +1,6 @@
 # Copyright: gpufleet developers
-# Apache License 2.0 (see the repository's LICENSE)
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Filters that turn the inventory's node facts into the Kubernetes objects to apply.
 
 Documentation: k8s_manifests.yml, k8s_node_labels.yml, k8s_record.yml and

@@ -1,5 +1,6 @@
 # Copyright: gpufleet developers
-# Apache License 2.0 (see the repository's LICENSE)
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Assemble a node's GPU facts and its GFD-style labels from what was read.
 
 Pure functions: the module reads sysfs, package databases and nvidia-smi, and hands

@@ -1,5 +1,6 @@
 # Copyright: gpufleet developers
-# Apache License 2.0 (see the repository's LICENSE)
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Which packages, from which repository, install an NVIDIA driver on a given OS.
 
 A pure function of the node's OS and the driver role's variables, so the choice can

@@ -1,5 +1,6 @@
 # Copyright: gpufleet developers
-# Apache License 2.0 (see the repository's LICENSE)
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """What a GPU is when no driver can tell us: names by PCI device id.
 
 Device ids are NVIDIA's public PCI ids (vendor 0x10de, as listed in the PCI ID

@@ -1,5 +1,6 @@
 # Copyright: gpufleet developers
-# Apache License 2.0 (see the repository's LICENSE)
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """The Kubernetes objects gpufleet applies, built as plain data (no cluster needed).
 
 Everything here is a pure function of the settings and the nodes, so the manifests

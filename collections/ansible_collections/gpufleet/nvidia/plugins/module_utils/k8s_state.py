@@ -1,5 +1,6 @@
 # Copyright: gpufleet developers
-# Apache License 2.0 (see the repository's LICENSE)
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """What the cluster side's last apply left in the cluster, and drift from it.
 
 The node side keeps its record on each node (/var/lib/gpufleet/applied.json); the

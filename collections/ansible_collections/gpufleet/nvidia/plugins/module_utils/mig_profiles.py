@@ -1,5 +1,6 @@
 # Copyright: gpufleet developers
-# Apache License 2.0 (see the repository's LICENSE)
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Which MIG profiles each GPU model offers, and whether a layout fits on one GPU.
 
 Facts from NVIDIA's MIG user guide ("Supported MIG Profiles"): a GPU of the A100/H100

@@ -1,5 +1,6 @@
 # Copyright: gpufleet developers
-# Apache License 2.0 (see the repository's LICENSE)
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """What a successful apply left on a node, recorded and compared (the node_state module).
 
 A record names, per component (a stage of site.yml), the files, packages and services

@@ -1,5 +1,6 @@
 # Copyright: gpufleet developers
-# Apache License 2.0 (see the repository's LICENSE)
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Fingerprints of the primary keys in an OpenPGP public key file.
 
 Enough of the packet format (RFC 4880 section 4, RFC 9580 section 4) to walk a key

@@ -1,5 +1,6 @@
 # Copyright: gpufleet developers
-# Apache License 2.0 (see the repository's LICENSE)
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Find NVIDIA GPUs and NVSwitches in a sysfs tree.
 
 Reads <sysfs_root>/bus/pci/devices/*/{vendor,device,class,numa_node,local_cpulist,

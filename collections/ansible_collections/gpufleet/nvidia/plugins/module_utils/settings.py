@@ -1,5 +1,6 @@
 # Copyright: gpufleet developers
-# Apache License 2.0 (see the repository's LICENSE)
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """The forms of the roles' settings that argument specs cannot say.
 
 A role's ``meta/argument_specs.yml`` keeps what a spec can express: types, choices,

@@ -1,6 +1,7 @@
 #!/usr/bin/python
 # Copyright: gpufleet developers
-# Apache License 2.0 (see the repository's LICENSE)
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 
 from __future__ import annotations
 
@@ -45,6 +46,9 @@ options:
         one of C(none), C(watch), C(reset), C(reboot), C(replace).
     type: dict
     default: {}
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.facts
 attributes:
   check_mode:
     support: full
@@ -52,8 +56,12 @@ attributes:
     support: none
   facts:
     support: full
+  facts:
+    support: full
+  platform:
+    platforms: posix
 author:
-  - gpufleet developers
+  - gpufleet developers (!UNKNOWN)
 """
 
 EXAMPLES = r"""

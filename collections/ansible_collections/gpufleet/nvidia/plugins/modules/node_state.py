@@ -1,6 +1,7 @@
 #!/usr/bin/python
 # Copyright: gpufleet developers
-# Apache License 2.0 (see the repository's LICENSE)
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Ansible module: record what an apply left on a node, or probe whether it still holds."""
 
 from __future__ import annotations
@@ -64,6 +65,8 @@ options:
         for, as for M(gpufleet.nvidia.gpu_facts).
     type: dict
     default: {}
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full
@@ -71,8 +74,10 @@ attributes:
   diff_mode:
     support: full
     details: With O(state=record), the record's text before and after.
+  platform:
+    platforms: posix
 author:
-  - gpufleet developers
+  - gpufleet developers (!UNKNOWN)
 """
 
 EXAMPLES = r"""

@@ -1,6 +1,7 @@
 #!/usr/bin/python
 # Copyright: gpufleet developers
-# Apache License 2.0 (see the repository's LICENSE)
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 
 from __future__ import annotations
 
@@ -57,13 +58,17 @@ options:
     description: Check the server's TLS certificate.
     type: bool
     default: true
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full
   diff_mode:
     support: full
+  platform:
+    platforms: posix
 author:
-  - gpufleet developers
+  - gpufleet developers (!UNKNOWN)
 """
 
 EXAMPLES = r"""

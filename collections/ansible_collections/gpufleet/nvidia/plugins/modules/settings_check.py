@@ -1,6 +1,7 @@
 #!/usr/bin/python
 # Copyright: gpufleet developers
-# Apache License 2.0 (see the repository's LICENSE)
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 
 from __future__ import annotations
 
@@ -35,15 +36,26 @@ options:
     type: list
     elements: str
     required: true
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.flow
 attributes:
   check_mode:
     support: full
   diff_mode:
     support: none
+  action:
+    support: full
+  async:
+    support: none
+  bypass_host_loop:
+    support: none
+  platform:
+    platforms: posix
 notes:
   - An action plugin; this file holds its documentation.
 author:
-  - gpufleet developers
+  - gpufleet developers (!UNKNOWN)
 """
 
 EXAMPLES = r"""
