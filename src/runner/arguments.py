@@ -7,19 +7,15 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-import sys
 from pathlib import Path
 from typing import Any
 
 from runner import __version__, site
 from runner.engine import DEFAULT_HOSTS, STAGES
+from runner.output import EXIT_TEXT, program
+from runner.state import HistoryKind
 
-EXIT_TEXT = """exit codes: 0 done (fleet converged, or nothing to do); 1 a host failed, is
-unreachable, quarantined or waiting for a reboot, or a rollout halted; 2 bad
-arguments or inventory
-(nothing touched); 3 another reconciler holds the inventory's lock; 4 the state
-database is unusable; 5 (plan, reconcile --check) changes are pending; 130
-stopped by a signal after the current batch."""
+JSON_HELP = "print one JSON document {schema_version, kind, data} (docs/cli.md)"
 
 
 def _default_state_dir() -> Path:
@@ -63,7 +59,7 @@ def _components(text: str) -> tuple[str, ...]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="gpufleet" if Path(sys.argv[0]).name == "gpufleet" else "python -m runner",
+        prog=program(),
         description="Keep a fleet of NVIDIA GPU nodes converged.",
         epilog=EXIT_TEXT,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -75,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
         "reconcile", parents=[common, acting], help="keep the fleet converged", epilog=EXIT_TEXT
     )
     _reconcile(rec)
+    _failures(rec)
     _health(rec)
     _others(sub, common, acting)
     return parser
@@ -170,9 +167,7 @@ def _reconcile(rec: argparse.ArgumentParser) -> None:
         help="seconds between cycles, jittered by 10%% (default %(default)s)",
     )
     rec.add_argument("--check", action="store_true", help="probe and plan only; apply nothing")
-    rec.add_argument(
-        "--json", action="store_true", help="with --once: print the cycle's report as JSON"
-    )
+    rec.add_argument("--json", action="store_true", help=f"with --once: {JSON_HELP}")
     rec.add_argument(
         "--max-parallel",
         type=_positive(int, 1),
@@ -187,9 +182,6 @@ def _reconcile(rec: argparse.ArgumentParser) -> None:
         help="hosts of a pool out of service at once, where the inventory sets no "
         "gpufleet_rollout_max_unavailable (default %(default)s)",
     )
-    rec.add_argument("--quarantine-after", type=_positive(int, 1), default=5)
-    rec.add_argument("--backoff-base", type=_positive(float, 1), default=60.0)
-    rec.add_argument("--backoff-cap", type=_positive(float, 1), default=3600.0)
     rec.add_argument("--metrics-address", default="127.0.0.1", help="Prometheus endpoint address")
     rec.add_argument(
         "--metrics-port",
@@ -197,6 +189,30 @@ def _reconcile(rec: argparse.ArgumentParser) -> None:
         default=None,
         help="serve Prometheus metrics on this port (default: 9842 in loop mode, none "
         "with --once; 0 turns it off)",
+    )
+
+
+def _failures(rec: argparse.ArgumentParser) -> None:
+    """What happens to a host whose applies fail."""
+    rec.add_argument(
+        "--quarantine-after",
+        type=_positive(int, 1),
+        default=5,
+        help="failures of a host in a row after which it is quarantined, left alone "
+        "until `release` (default %(default)s)",
+    )
+    rec.add_argument(
+        "--backoff-base",
+        type=_positive(float, 1),
+        default=60.0,
+        help="seconds a host waits after its first failure; doubled after each "
+        "further one (default %(default)s)",
+    )
+    rec.add_argument(
+        "--backoff-cap",
+        type=_positive(float, 1),
+        default=3600.0,
+        help="the longest wait after a failure, in seconds (default %(default)s)",
     )
 
 
@@ -226,20 +242,33 @@ def _others(sub: Any, common: argparse.ArgumentParser, acting: argparse.Argument
     plan.add_argument(
         "--all", action="store_true", help="plan every host, not only those the probe flags"
     )
-    plan.add_argument("--json", action="store_true", help="machine-readable output")
+    plan.add_argument("--json", action="store_true", help=JSON_HELP)
 
-    status = sub.add_parser("status", parents=[common], help="hosts x stages")
-    status.add_argument("--json", action="store_true", help="machine-readable output")
+    status = sub.add_parser("status", parents=[common], help="hosts x stages", epilog=EXIT_TEXT)
+    status.add_argument("--json", action="store_true", help=JSON_HELP)
 
     hist = sub.add_parser("history", parents=[common], help="what happened")
     hist.add_argument("--host", help="only this host")
     hist.add_argument("-n", type=_positive(int, 1), default=50, help="entries (default 50)")
-    hist.add_argument("--kind", action="append", default=[], help="only entries of this kind")
-    hist.add_argument("--json", action="store_true", help="machine-readable output")
+    hist.add_argument(
+        "--kind",
+        action="append",
+        default=[],
+        choices=[str(kind) for kind in HistoryKind],
+        help="only entries of this kind; repeat for several (%(choices)s)",
+    )
+    hist.add_argument("--json", action="store_true", help=JSON_HELP)
+    _release_and_version(sub, common)
 
+
+def _release_and_version(sub: Any, common: argparse.ArgumentParser) -> None:
     rel = sub.add_parser(
         "release", parents=[common], help="clear a host's quarantine or halted rollout"
     )
-    rel.add_argument("hosts", nargs="+", metavar="HOST")
+    rel.add_argument("hosts", nargs="+", metavar="HOST", help="the hosts to release")
+    rel.add_argument("--json", action="store_true", help=JSON_HELP)
 
-    sub.add_parser("version", help="the version, and where the playbooks it runs come from")
+    version = sub.add_parser(
+        "version", help="the version, and where the playbooks it runs come from"
+    )
+    version.add_argument("--json", action="store_true", help=JSON_HELP)

@@ -8,7 +8,8 @@
     history     what happened: drift, repairs, intentional changes, failures
     release     clear a host's quarantine, backoff or halted rollout
 
-Exit codes are listed in EXIT below and in `--help`.
+Exit codes, JSON documents and the program's name are the contract of runner.output
+(docs/cli.md).
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, replace
-from enum import IntEnum
 from pathlib import Path
 from types import FrameType
 
@@ -30,8 +30,9 @@ import yaml
 
 from runner import __version__, show
 from runner.arguments import build_parser
-from runner.engine import DEFAULT_HOSTS, AnsibleEngine, EngineError
+from runner.engine import DEFAULT_HOSTS, AnsibleEngine, EngineError, InventoryError
 from runner.lock import InventoryLock, LockHeld
+from runner.output import Exit, Kind, document, program
 from runner.reconcile import (
     CycleReport,
     LogObserver,
@@ -51,17 +52,6 @@ from runner.state import (
     ensure_private_dir,
     state_dir_for,
 )
-
-
-class Exit(IntEnum):
-    OK = 0
-    FAILED = 1  # a host failed, is unreachable, quarantined, waits for a reboot or halted a rollout
-    USAGE = 2  # bad arguments or inventory; nothing was touched
-    LOCKED = 3  # another reconciler works on this inventory
-    STATE = 4  # the state database cannot be used
-    PENDING = 5  # plan / reconcile --check: changes are pending
-    INTERRUPTED = 130  # stopped by SIGINT or SIGTERM after the current batch
-
 
 # The checkout this package lives in, when installed editable (`make venv`).
 CHECKOUT = Path(__file__).resolve().parents[2]
@@ -128,8 +118,12 @@ def project_source() -> tuple[Path, str]:
     )
 
 
-def cmd_version() -> int:
+def cmd_version(args: argparse.Namespace) -> int:
     project, what = project_source()
+    if args.json:
+        data = {"version": __version__, "playbooks": str(project), "source": what}
+        print(document(Kind.VERSION, data))
+        return Exit.OK
     print(f"gpufleet {__version__}")
     print(f"playbooks: {project} ({what})")
     return Exit.OK
@@ -241,10 +235,8 @@ def _run_cycle(args: argparse.Namespace) -> int:
                 background=not once,
             )
             report = reconciler.run(once=once)
-            if args.command == "plan" and args.json:
-                print(json.dumps({h: asdict(o) for h, o in sorted(report.outcomes.items())}))
-            elif args.command == "reconcile" and args.json:
-                print(json.dumps(asdict(report), indent=2, sort_keys=True))
+            if args.json:
+                print(document(Kind(args.command), asdict(report)))
             else:
                 show.print_report(report, store.hosts(), diffs=args.command == "plan")
             return _exit_for(report, store.hosts(), settings)
@@ -311,18 +303,23 @@ def cmd_status(args: argparse.Namespace) -> int:
     directory = _state_dir(args)
     if not (directory / "state.db").exists():
         raise UsageError(
-            f"no state for inventory {args.inventory!r} yet: run `python -m runner reconcile "
+            f"no state for inventory {args.inventory!r} yet: run `{program()} reconcile "
             f"-i {args.inventory}` first"
         )
     with _open_store(directory) as store:
         hosts = store.hosts()
         cluster = store.cluster()
         rollouts = store.rollouts()
-    if args.json:
-        print(json.dumps([asdict(r) for r in hosts.values()], indent=2))
-        return Exit.OK
-    show.print_status(hosts, cluster, rollouts, time.time())
     unwell = any(show.unwell(r) for r in hosts.values()) or cluster.status == ClusterStatus.FAILED
+    if args.json:
+        data = {
+            "hosts": [asdict(r) for r in hosts.values()],
+            "cluster": asdict(cluster),
+            "rollouts": [asdict(r) for r in rollouts.values()],
+        }
+        print(document(Kind.STATUS, data))
+    else:
+        show.print_status(hosts, cluster, rollouts, time.time())
     return Exit.FAILED if unwell else Exit.OK
 
 
@@ -331,7 +328,7 @@ def cmd_history(args: argparse.Namespace) -> int:
     with _open_store(directory) as store:
         entries = store.history(args.host, args.n, args.kind)
     if args.json:
-        print(json.dumps([asdict(e) for e in entries], indent=2))
+        print(document(Kind.HISTORY, {"entries": [asdict(e) for e in entries]}))
         return Exit.OK
     for e in entries:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.at))
@@ -347,9 +344,13 @@ def cmd_release(args: argparse.Namespace) -> int:
         unknown = [h for h in args.hosts if h not in known]
         if unknown:
             raise UsageError(f"unknown host(s) {', '.join(unknown)}; known: {', '.join(known)}")
-        for host in args.hosts:
-            record = release(store, host)
-            print(f"{host}: released; status {record.status}")
+        released = [release(store, host) for host in args.hosts]
+    if args.json:
+        data = {"released": [{"host": r.name, "status": r.status} for r in released]}
+        print(document(Kind.RELEASE, data))
+    else:
+        for record in released:
+            print(f"{record.name}: released; status {record.status}")
     return Exit.OK
 
 
@@ -357,14 +358,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Parse `argv` (default: sys.argv[1:]) and run; returns the process exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "version":
-        try:
-            return cmd_version()
-        except UsageError as err:
-            print(f"error: {err}", file=sys.stderr)
-            return Exit.USAGE
-    _setup_logging(args.log_format, args.quiet)
     try:
+        if args.command == "version":
+            return cmd_version(args)
+        _setup_logging(args.log_format, args.quiet)
         if args.inventory is not None:
             if not Path(args.inventory).exists():
                 raise UsageError(f"inventory {args.inventory!r} does not exist")
@@ -377,14 +374,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_history(args)
         return cmd_release(args)
     except (UsageError, EngineError, PolicyError, LockHeld, StateError) as err:
+        code = _EXIT_FOR_ERROR[type(err)]
         print(f"error: {err}", file=sys.stderr)
-        return _EXIT_FOR_ERROR[type(err)]
+        if getattr(args, "json", False):
+            print(document(Kind.ERROR, {"message": str(err), "exit_code": int(code)}))
+        return code
 
 
-# Bad input, including an inventory Ansible cannot read, is a usage error.
+# Bad input, including an inventory Ansible cannot read, is a usage error; Ansible
+# failing to run in the middle of a cycle is not.
 _EXIT_FOR_ERROR: dict[type[Exception], int] = {
     UsageError: Exit.USAGE,
-    EngineError: Exit.USAGE,
+    InventoryError: Exit.USAGE,
+    EngineError: Exit.ENGINE,
     PolicyError: Exit.USAGE,
     LockHeld: Exit.LOCKED,
     StateError: Exit.STATE,

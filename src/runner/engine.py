@@ -57,6 +57,7 @@ __all__ = [
     "EngineError",
     "EventCollector",
     "HostRun",
+    "InventoryError",
     "ProbeResult",
     "RunResult",
     "default_forks",
@@ -97,7 +98,12 @@ DEFAULT_HOSTS = "gpu_nodes"
 
 
 class EngineError(Exception):
-    """Ansible could not be run at all (missing binary, unreadable inventory)."""
+    """Ansible could not be run, or its run could not be read."""
+
+
+class InventoryError(EngineError):
+    """The inventory cannot be read, or its settings for the controller are wrong:
+    bad input, found before any host is touched."""
 
 
 class Engine(Protocol):
@@ -245,14 +251,14 @@ class AnsibleEngine:
         all is an empty fleet; one whose hosts are none of those is an error."""
         hostvars, self._all_hosts = self._read(limit, self.hosts)
         if not hostvars and (limit or self._all_hosts):
-            raise EngineError(self._none_managed(limit))
+            raise InventoryError(self._none_managed(limit))
         set_there = sorted(
             host
             for host, values in hostvars.items()
             if values.get(HOSTS_VARIABLE, self.hosts) != self.hosts
         )
         if set_there:
-            raise EngineError(
+            raise InventoryError(
                 f"{HOSTS_VARIABLE} is set in inventory {self.inventory_path} (on "
                 f"{', '.join(set_there[:3])}{' ...' if len(set_there) > 3 else ''}), where "
                 "it cannot choose the plays' hosts: remove it there and give the pattern "
@@ -276,7 +282,9 @@ class AnsibleEngine:
         try:
             return ansible.hostvars(env, self.inventory_path, self.cwd, limit, pattern)
         except in_process.Unreadable as error:
-            raise EngineError(f"inventory {self.inventory_path} cannot be read: {error}") from None
+            raise InventoryError(
+                f"inventory {self.inventory_path} cannot be read: {error}"
+            ) from None
 
     def _none_managed(self, limit: str | None) -> str:
         where = f"inventory {self.inventory_path}"
@@ -330,7 +338,7 @@ class AnsibleEngine:
         )
         if proc.returncode != 0:
             errors = [line for line in proc.stderr.splitlines() if "ERROR" in line]
-            raise EngineError(
+            raise InventoryError(
                 f"inventory {self.inventory_path} cannot be read: "
                 + (" ".join(errors) or proc.stderr.strip())
             )
@@ -469,13 +477,13 @@ def inventory_forks(hostvars: Mapping[str, Mapping[str, Any]]) -> int | None:
         value = values[FORKS_VARIABLE]
         text = str(value)
         if isinstance(value, bool) or not text.isdigit() or int(text) < 1:
-            raise EngineError(
+            raise InventoryError(
                 f"{FORKS_VARIABLE} on host {host}: expected a positive integer, got {value!r}"
             )
         found[host] = int(text)
     if len(set(found.values())) > 1:
         seen = ", ".join(f"{host} {forks}" for host, forks in found.items())
-        raise EngineError(
+        raise InventoryError(
             f"{FORKS_VARIABLE}: expected one value for the whole inventory (set it in "
             f"group_vars/all), got {seen}"
         )

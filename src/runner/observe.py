@@ -15,6 +15,7 @@ from types import MappingProxyType
 from typing import Any
 
 from runner.cycle import CycleReport
+from runner.output import program
 from runner.rollout import RolloutPhase
 from runner.state import HostRecord, HostStatus
 
@@ -129,4 +130,4 @@ class LogObserver(Observer):
         log.info("%s: %s %s", host, component, verb)
 
     def host_quarantined(self, host: str) -> None:
-        log.warning("%s: quarantined; once fixed: python -m runner release %s", host, host)
+        log.warning("%s: quarantined; once fixed: %s release %s", host, program(), host)

@@ -19,6 +19,7 @@ from runner import health as gpu_health
 from runner.decide import Failure
 from runner.engine import STAGES, HostRun
 from runner.observe import HostUpdated, Observers
+from runner.output import program
 from runner.rollout import RolloutPhase
 from runner.state import (
     CLUSTER_SUBJECT,
@@ -137,7 +138,7 @@ class Writer:
         record.remedy, record.quarantined = remedy.stored(), True
         reason = f"GPU quarantined: {remedy.text}"
         record.rollout_phase, record.rollout_reason = RolloutPhase.HALTED, reason
-        hint = f"once the GPU is replaced or cleared: python -m runner release {record.name}"
+        hint = f"once the GPU is replaced or cleared: {program()} release {record.name}"
         event = self._entry(record.name, HistoryKind.QUARANTINE, "gpu", f"{reason}; {hint}")
         self.save(record, [event])
         self.observe.host_quarantined(record.name)
@@ -167,7 +168,7 @@ class Writer:
                     HistoryKind.QUARANTINE,
                     failure.stage,
                     f"after {failure.consecutive} consecutive failures, the last: "
-                    f"{failure.reason}; once it is fixed: python -m runner release {record.name}",
+                    f"{failure.reason}; once it is fixed: {program()} release {record.name}",
                 )
             )
         self.save(record, events, status=failure.status)

@@ -11,7 +11,6 @@ the site's inventory (with a web server that has no node behind it) and ansible.
 
 from __future__ import annotations
 
-import json
 import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -19,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from test_runner_e2e import FLEET, installed_controller, site_directory, start_fleet
+from test_runner_e2e import FLEET, cli_data, installed_controller, site_directory, start_fleet
 
 pytestmark = pytest.mark.fleet
 
@@ -128,7 +127,7 @@ def test_reconcile_adopts_the_node_keeping_its_driver_and_the_sites_settings(sit
     assert 'sandbox_image = "registry.example.net/pause:3.9"' in config
     assert "nvidia" in config, "gpufleet's runtime added beside the site's settings"
 
-    status = json.loads(site.gpufleet("status", "--json", *WHERE).stdout)
+    status = cli_data(site.gpufleet("status", "--json", *WHERE).stdout, "status")["hosts"]
     assert [h["name"] for h in status] == [NODE], "only the GPU group"
     (record,) = status
     assert record["status"] == "converged"

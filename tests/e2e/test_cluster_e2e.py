@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 import cluster as sim_cluster
+from test_runner_e2e import cli_data
 
 PROJECT = Path(__file__).resolve().parents[2]
 FLEET = [sys.executable, str(PROJECT / "tests" / "sim" / "fleet.py")]
@@ -50,6 +51,11 @@ class Cluster:
             timeout=900,
             check=False,
         )
+
+    def history(self) -> list[dict]:
+        """The GPU node's history entries (`history --json`)."""
+        listed = self.runner("history", "--json", "--host", GPU_NODE)
+        return cli_data(listed.stdout, "history")["entries"]
 
     def _where(self) -> list[str]:
         return ["-i", str(self.inventory), "--state-dir", str(self.state)]
@@ -200,7 +206,7 @@ def test_api_server_gone_node_work_goes_on_and_the_next_cycle_finishes_it(
     assert f"{CPU_NODE}: probed" in result.stdout
     assert cluster.labels(GPU_NODE)["nvidia.com/gpu.present"] == "true"
     assert "cluster side: converged" in cluster.runner("status").stdout
-    history = json.loads(cluster.runner("history", "--json", "--host", GPU_NODE).stdout)
+    history = cluster.history()
     drift = [e for e in history if (e["kind"], e["component"]) == ("drift", "cluster")]
     assert "nvidia.com/gpu.present true -> None" in drift[-1]["summary"]
 
@@ -287,7 +293,7 @@ def test_a_driver_rollout_blocked_by_a_budget_waits_cordoned_then_ends_uncordone
     status = cluster.runner("status")
     assert "rollout cordoned: drain blocked" in status.stdout, status.stdout
     assert "PodDisruptionBudget e2e-ml/train allows no disruption" in status.stdout
-    history = json.loads(cluster.runner("history", "--json", "--host", GPU_NODE).stdout)
+    history = cluster.history()
     blocked = [e for e in history if e["component"] == "drain-blocked"]
     assert "e2e-ml/train-" in blocked[-1]["summary"], "the blocking pod is named"
     loaded = cluster.on_node(
@@ -314,11 +320,7 @@ def test_a_driver_rollout_blocked_by_a_budget_waits_cordoned_then_ends_uncordone
         GPU_NODE, "nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"
     )
     assert loaded == "535.261.03"
-    phases = [
-        e["component"]
-        for e in json.loads(cluster.runner("history", "--json", "--host", GPU_NODE).stdout)
-        if e["kind"] == "rollout"
-    ]
+    phases = [e["component"] for e in cluster.history() if e["kind"] == "rollout"]
     assert phases[-7:] == [
         "queued",
         "cordoned",
@@ -345,7 +347,7 @@ def test_a_gpu_fallen_off_the_bus_is_cordoned_drained_rebooted_and_uncordoned(
     assert f"{GPU_NODE}: rolled-out; because " in said, result.stdout
     assert "GPU reboot owed" in said and "remediated by a reboot; health check passed" in said
     assert not cluster.get("node", GPU_NODE)["spec"].get("unschedulable")
-    history = json.loads(cluster.runner("history", "--json", "--host", GPU_NODE).stdout)
+    history = cluster.history()
     phases = [e["component"] for e in history if e["kind"] == "rollout"]
     assert phases[-6:] == ["queued", "cordoned", "drained", "applying", "applied", "done"]
     health = [e["summary"] for e in history if e["kind"] == "health"]

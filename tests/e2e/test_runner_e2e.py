@@ -37,6 +37,13 @@ GONE = "e2e-gone"
 pytestmark = pytest.mark.fleet
 
 
+def cli_data(stdout: str, kind: str) -> Any:
+    """The data of the JSON document a `--json` run printed (docs/cli.md)."""
+    document = json.loads(stdout)
+    assert (document["schema_version"], document["kind"]) == (1, kind), document
+    return document["data"]
+
+
 class Fleet:
     def __init__(self, inventory: Path, state: Path) -> None:
         self.inventory = inventory
@@ -85,10 +92,11 @@ class Fleet:
 
     def status(self) -> dict[str, dict]:
         result = self.runner("status", "--json")
-        return {h["name"]: h for h in json.loads(result.stdout)}
+        return {h["name"]: h for h in cli_data(result.stdout, "status")["hosts"]}
 
     def history(self, host: str) -> list[dict]:
-        return json.loads(self.runner("history", "--json", "--host", host, "-n", "500").stdout)
+        listed = self.runner("history", "--json", "--host", host, "-n", "500")
+        return cli_data(listed.stdout, "history")["entries"]
 
     def on_node(self, node: str, *command: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -773,7 +781,7 @@ def test_pull_mode_the_node_converges_itself_through_the_shipped_units(fleet: Fl
     journal = fleet.on_node(node, "journalctl", "-u", "gpufleet-reconcile", "--no-pager")
     assert started.returncode == 0, started.stderr + journal.stdout[-3000:]
     status = fleet.on_node(node, "sh", "-c", f"{local} status --local --json")
-    record = {h["name"]: h for h in json.loads(status.stdout)}[node]
+    record = {h["name"]: h for h in cli_data(status.stdout, "status")["hosts"]}[node]
     assert record["status"] == "converged", record
 
     before, _ = _last_run(fleet, node)
@@ -800,7 +808,7 @@ def test_pull_mode_the_node_converges_itself_through_the_shipped_units(fleet: Fl
     assert listed.returncode == 0, listed.stdout + listed.stderr
     assert node in listed.stdout and "converged" in listed.stdout, listed.stdout
     history = fleet.on_node(node, "sh", "-c", f"{local} history --local --json")
-    kinds = [(e["kind"], e["component"]) for e in json.loads(history.stdout)]
+    kinds = [(e["kind"], e["component"]) for e in cli_data(history.stdout, "history")["entries"]]
     assert ("corrective", "exporter") in kinds, kinds
 
 
@@ -871,7 +879,7 @@ def test_an_installed_controller_runs_from_a_site_with_the_sites_own_ansible(
     plan = gpufleet("plan", *where)
     assert plan.returncode == 0, plan.stdout + plan.stderr
     status = gpufleet("status", "--json", *where)
-    assert sorted(h["name"] for h in json.loads(status.stdout)) == sorted(NODES)
+    assert sorted(h["name"] for h in cli_data(status.stdout, "status")["hosts"]) == sorted(NODES)
     log = (site / "ansible.log").read_text()
     assert "Probe each node for drift from its last successful apply" in log
     assert "e2e-t4" in log and "web-1" not in log and "192.0.2.10" not in log

@@ -13,7 +13,6 @@ finishes the third without planning it again.
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import sys
@@ -23,7 +22,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from test_runner_e2e import FLEET, Fleet, start_fleet
+from test_runner_e2e import FLEET, Fleet, cli_data, start_fleet
 
 ROLLED = ["ro-1", "ro-2", "ro-3"]
 OTHER = "ro-4"
@@ -102,7 +101,7 @@ def test_drift_is_repaired_while_a_batch_applies_and_sigterm_stops_after_a_batch
 def test_a_restarted_reconciler_finishes_the_rollout_without_planning_again(fleet: Fleet):
     result = fleet.reconcile("--once", "--json")
     assert result.returncode == 0, result.stdout + result.stderr
-    report = json.loads(result.stdout)
+    report = cli_data(result.stdout, "reconcile")
     assert report["planned"] == 0, "ro-3's change was planned when it joined the rollout"
     assert report["outcomes"]["ro-3"]["action"] == "rolled-out"
     assert report["rollouts"] == {"all": "3 done; finished"}

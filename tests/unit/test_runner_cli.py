@@ -13,10 +13,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from runner import __version__, cli, show
+from runner import __version__, cli, output, show
 from runner.lock import InventoryLock
 from runner.reconcile import CycleReport, HostOutcome
 from runner.state import HistoryEntry, HostRecord, RolloutRecord, StateStore, state_dir_for
@@ -29,6 +30,14 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     code = cli.main(list(argv))
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def data(out: str, kind: str) -> Any:
+    """The data of the one JSON document a --json run printed, checked to be `kind`'s."""
+    doc = json.loads(out)
+    assert set(doc) == {"schema_version", "kind", "data"}, doc
+    assert (doc["schema_version"], doc["kind"]) == (output.SCHEMA_VERSION, kind), doc
+    return doc["data"]
 
 
 @pytest.fixture
@@ -121,7 +130,7 @@ def test_json_is_one_cycles_report(capsys, state):
     assert "--json prints one cycle's report: use it with --once" in err
     code, out, _ = run(capsys, *argv, "--once")
     assert code == cli.Exit.OK
-    report = json.loads(out)
+    report = data(out, "reconcile")
     assert (report["probed"], report["outcomes"], report["rollouts"]) == (0, {}, {})
     assert report["finished"] >= report["started"] > 0
 
@@ -325,7 +334,9 @@ def test_status_shows_each_host_state_in_words(capsys, state):
         "queued 1: gpu-f"
     ) in out.splitlines()
     code, out, _ = run(capsys, "status", "--json", "-i", EMPTY_INVENTORY, "--state-dir", str(state))
-    hosts = {h["name"]: h for h in json.loads(out)}
+    assert code == cli.Exit.FAILED, "the same exit code as the table's"
+    status = data(out, "status")
+    hosts = {h["name"]: h for h in status["hosts"]}
     assert hosts["gpu-b"]["quarantined"] is True
     assert (hosts["gpu-a"]["mig_layout"], hosts["gpu-b"]["mig_layout"]) == ("all-balanced", "")
     assert hosts["gpu-c"]["drift"][0]["component"] == "runtime_config"
@@ -357,7 +368,7 @@ def test_history_and_release(capsys, state):
         "--state-dir",
         str(state),
     )
-    assert [e["host"] for e in json.loads(out)] == ["gpu-b"]
+    assert [e["host"] for e in data(out, "history")["entries"]] == ["gpu-b"]
     code, _, err = run(capsys, "release", "gpu-z", "-i", EMPTY_INVENTORY, "--state-dir", str(state))
     assert code == cli.Exit.USAGE
     assert "unknown host(s) gpu-z" in err
