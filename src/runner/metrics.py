@@ -9,11 +9,20 @@ state), so tests can build as many as they like.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    start_http_server,
+)
 
+from runner import __version__
 from runner.cycle import Action, CycleReport
 from runner.engine import STAGES
 from runner.health import severity
@@ -64,10 +73,24 @@ def _health_metrics(r: CollectorRegistry) -> tuple[Gauge, Counter, Counter, Gaug
     return health, xids, remediations, breaker
 
 
+def _liveness(r: CollectorRegistry) -> Gauge:
+    """Series that exist from the reconciler's start, before any cycle ends, so that
+    absence and staleness alerts hold during a long first converge."""
+    Info("gpufleet_build", "The reconciler's version", registry=r).info({"version": __version__})
+    last_cycle = Gauge(
+        "gpufleet_reconcile_last_cycle_timestamp_seconds",
+        "When the last reconcile cycle ended (the reconciler's start, until one has)",
+        registry=r,
+    )
+    last_cycle.set(time.time())
+    return last_cycle
+
+
 class Metrics(Observer):
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        self.last_cycle = _liveness(r)
         self.cycles = Counter(
             "gpufleet_reconcile_cycles", "Reconcile cycles run", ["result"], registry=r
         )
@@ -143,6 +166,7 @@ class Metrics(Observer):
             "interrupted" if report.interrupted else "failed" if failed else "ok"
         ).inc()
         self.duration.observe(report.finished - report.started)
+        self.last_cycle.set(report.finished)
         self.breaker.set(int(bool(report.health_held)))
 
     def host_updated(self, record: HostUpdated) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from runner import __version__
 from runner.engine import CLUSTER_HOST, STAGES, Change, HostRun, ProbeResult, RunResult
 from runner.reconcile import (
     CycleReport,
@@ -929,11 +930,16 @@ def test_metrics_follow_the_loop(store: StateStore) -> None:
     from runner.metrics import Metrics
 
     metrics = Metrics()
+    # From the start, before any cycle: what absence and staleness alerts read.
+    before = generate_latest(metrics.registry).decode()
+    assert f'gpufleet_build_info{{version="{__version__}"}} 1.0' in before
+    assert "gpufleet_reconcile_last_cycle_timestamp_seconds " in before
     reconciler, engine, _ = converged(store, "a", "b")
     reconciler.observe = Observers([metrics])
     engine.nodes["b"].drift = drift()
     engine.nodes["b"].pending = {"runtime_config": False}
-    reconciler.cycle()
+    report = reconciler.cycle()
+    assert metrics.last_cycle._value.get() == report.finished
     text = generate_latest(metrics.registry).decode()
     for line in (
         'gpufleet_reconcile_cycles_total{result="ok"} 1.0',
