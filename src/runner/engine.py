@@ -19,6 +19,7 @@ import os
 import shlex
 import subprocess
 import sys
+import uuid
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -363,9 +364,11 @@ class AnsibleEngine:
     ) -> EventCollector:
         import ansible_runner  # imported late: it is slow to import and not always needed
 
-        collector = EventCollector(self.progress)
+        ident = uuid.uuid4().hex  # the run's artifacts directory, known before it starts
+        collector = EventCollector(self.progress, self.work_dir / "artifacts" / ident / "stdout")
         self.work_dir.mkdir(parents=True, exist_ok=True)
         runner = ansible_runner.run(
+            ident=ident,
             private_data_dir=str(self.work_dir),
             project_dir=str(self.cwd),
             playbook=str(self.project / playbook),

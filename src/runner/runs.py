@@ -11,6 +11,7 @@ import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("runner")
@@ -190,12 +191,17 @@ def _diff_text(res: Mapping[str, Any]) -> str:
 class EventCollector:
     """Turns ansible-runner events into HostRun results as they arrive."""
 
-    def __init__(self, progress: ProgressCallback | None = None) -> None:
+    def __init__(
+        self, progress: ProgressCallback | None = None, output: Path | None = None
+    ) -> None:
         self.hosts: dict[str, HostRun] = {}
         self.probes: dict[str, ProbeResult] = {}
         # ansible-runner's verdict on the whole run, once it has ended.
         self.status = "running"
         self._progress = progress
+        # Where the run's Ansible output is kept (ansible-runner's artifacts), named in
+        # the progress line of a failure.
+        self._output = output
         # Failed tasks of a stage whose outcome has not been published yet: a stage
         # role rescues its own failures and says in its outcome what they mean (in
         # check mode, "unverified" where an earlier stage's predicted change would
@@ -242,7 +248,8 @@ class EventCollector:
             self._unanswered.setdefault((host, role), []).append(failure)
         else:
             run.failures.append(failure)
-        self._say(host, f"failed: {where}{task}")
+        output = f"; Ansible's output: {self._output}" if self._output else ""
+        self._say(host, f"failed: {where}{task}{output}")
 
     def _ok(self, host: str, data: Mapping[str, Any]) -> None:
         """A task's result: a probe's, a cordon's, a Slurm or cluster fact, a stage's

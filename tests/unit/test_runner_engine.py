@@ -561,3 +561,27 @@ def test_a_runtime_change_is_disruptive_only_where_its_restart_stops_containers(
     assert not HostRun("a", changes=change, stages=stages).disruptive, "nothing runs on it"
     stages["runtime_config"]["disruptive"] = ["containerd"]
     assert HostRun("a", changes=change, stages=stages).disruptive
+
+
+def test_a_failed_tasks_progress_line_names_the_runs_ansible_output(tmp_path: Path):
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "fail.yml").write_text(
+        "- hosts: all\n  gather_facts: false\n  tasks:\n"
+        "    - name: Fail here\n      ansible.builtin.fail:\n        msg: broken on purpose\n"
+    )
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(
+        "all:\n  hosts:\n    n1:\n      ansible_connection: local\n"
+        f"      ansible_python_interpreter: {sys.executable}\n"
+    )
+    said: list[tuple[str, str]] = []
+    engine = AnsibleEngine(
+        project, str(inventory), tmp_path / "ansible", progress=lambda *line: said.append(line)
+    )
+    engine._run("fail.yml", ["n1"])
+    ((host, line),) = [(h, t) for h, t in said if t.startswith("failed:")]
+    assert host == "n1" and line.startswith("failed: Fail here; Ansible's output: "), line
+    output = Path(line.split("Ansible's output: ", 1)[1])
+    assert output.is_relative_to(tmp_path / "ansible" / "artifacts")
+    assert "broken on purpose" in output.read_text()
