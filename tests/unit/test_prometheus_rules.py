@@ -44,6 +44,20 @@ def test_each_alert_fires_when_it_should_and_not_before() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_recording_rules_are_named_level_metric_operations() -> None:
+    # Prometheus's naming practice: the labels kept, the metric, what was done to it.
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    records = [rule for group in groups for rule in group["rules"] if "record" in rule]
+    assert records
+    for rule in records:
+        level, metric, operations = rule["record"].split(":")
+        kept = re.search(r"\bby \(([^)]*)\)", rule["expr"])
+        labels = [label.strip() for label in kept.group(1).split(",")] if kept else []
+        assert level == ("_".join(labels) if labels else "fleet"), rule["record"]
+        assert metric.startswith(("gpufleet_", "gpu_operator_")), rule["record"]
+        assert re.fullmatch(r"[a-z0-9_]+", operations), rule["record"]
+
+
 def test_every_alert_has_a_test() -> None:
     groups = yaml.safe_load(RULES.read_text())["groups"]
     alerts = {rule["alert"] for group in groups for rule in group["rules"] if "alert" in rule}
