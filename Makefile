@@ -19,7 +19,7 @@ export ANSIBLE_FORCE_COLOR ?= 0
 export NO_COLOR ?= 1
 export PY_COLORS ?= 0
 
-.PHONY: help deps venv dist docs consumers toolkit migparted image repo fleet fleet-down fleet-status controlplane cluster cluster-down demo test lint unit e2e e2e-fleet e2e-schedulers e2e-mig e2e-rollout molecule molecule-cluster bench clean
+.PHONY: help deps venv dist docs consumers toolkit migparted image repo fleet fleet-down fleet-status controlplane cluster cluster-down demo test lint unit e2e e2e-cluster e2e-nodes e2e-mig e2e-rollout molecule molecule-cluster bench clean
 
 help:
 	@echo "make demo    start the simulated GPU fleet and run the main job on it"
@@ -109,16 +109,17 @@ unit: venv consumers toolkit migparted
 
 # The reconciler against a small simulated fleet, through real ansible-runner, and
 # with the cluster side against the test control plane. `make test` runs it in two
-# parts side by side: the modules under a scheduler (Kubernetes, Slurm) and the rest.
-E2E_SCHEDULERS := tests/e2e/test_cluster_e2e.py tests/e2e/test_slurm_e2e.py
+# parts: the cluster module after molecule (both use the test control plane), the
+# rest beside them.
+E2E_CLUSTER := tests/e2e/test_cluster_e2e.py
 e2e: image repo controlplane consumers
 	pytest tests/e2e --durations=12
 
-e2e-schedulers: image repo controlplane consumers
-	pytest $(E2E_SCHEDULERS) --durations=8
+e2e-cluster: image repo controlplane consumers
+	pytest $(E2E_CLUSTER) --durations=8
 
-e2e-fleet: image repo consumers
-	pytest tests/e2e $(addprefix --ignore=,$(E2E_SCHEDULERS)) --durations=8
+e2e-nodes: image repo consumers
+	pytest tests/e2e --ignore=$(E2E_CLUSTER) --durations=12
 
 # The MIG stage under the reconciler on a simulated A100 node (about 12 minutes): not
 # part of `make test`, to keep CI within its time budget.
@@ -169,7 +170,7 @@ molecule-cluster: image repo controlplane
 # Two lanes side by side (tests/tools/suite.py), each part's time printed at the end;
 # everything the lanes share is built first. Parts that use the test control plane
 # take turns with it (.cache/cluster.lock).
-TEST_LANES := --lane "lint unit molecule" --lane "e2e-fleet" --lane "e2e-schedulers"
+TEST_LANES := --lane "lint unit molecule e2e-cluster" --lane "e2e-nodes"
 test: venv consumers toolkit migparted image repo controlplane
 	$(BIN)/python tests/tools/suite.py $(TEST_LANES)
 
