@@ -88,8 +88,7 @@ def _liveness(r: CollectorRegistry) -> Gauge:
 
 class Metrics(Observer):
     def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-        r = self.registry
+        self.registry = r = CollectorRegistry()
         self.last_cycle = _liveness(r)
         self.cycles = Counter(
             "gpufleet_reconcile_cycles", "Reconcile cycles run", ["result"], registry=r
