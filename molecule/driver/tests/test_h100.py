@@ -7,7 +7,7 @@ from __future__ import annotations
 import subprocess
 import time
 
-from helpers import BLACKLIST, HELD, READY, converge, held, stage_of, version
+from helpers import BLACKLIST, HELD, PROJECT, READY, converge, held, stage_of, version
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import smi
 
@@ -205,3 +205,98 @@ def _mig_modes(host) -> list[tuple[str, str]]:
 def _boot_time(host) -> str:
     """When the node booted: its init's start (the container shares the host's boot id)."""
     return host.check_output("ps -o lstart= -p 1")
+
+
+# The driver's package set moves as one: on this NVSwitch board that includes the
+# fabric manager, which refuses to run beside a driver of another version. Run after
+# the MIG tests, with the driver stage alone (the layout is the MIG tests' business).
+DRIVER_ONLY = PROJECT / "playbooks" / "driver.yml"
+FABRIC_MANAGER = "nvidia-fabricmanager-535"
+CUDA_LIST = "/var/lib/apt/lists/_srv_gpufleet-repo_cuda_repos_debian12_x86%5f64_Packages"
+
+
+def _task_results(run: dict, name: str, ending: str) -> list[dict]:
+    return [
+        task["hosts"][name]
+        for play in run["plays"]
+        for task in play["tasks"]
+        if task["task"]["name"].endswith(ending) and name in task["hosts"]
+    ]
+
+
+def _loaded(host) -> str:
+    out = host.check_output("nvidia-smi --query-gpu=driver_version --format=csv,noheader")
+    return out.splitlines()[0]
+
+
+def test_a_downgrade_is_planned_as_one_and_moves_the_fabric_manager_with_the_driver(host):
+    """From Debian's newest 535 build to 535.261.03, asked for by driver_version."""
+    old = _loaded(host)
+    assert old == "535.309.01" and version(host, FABRIC_MANAGER).startswith(old + "-")
+    downgrade = ["--limit", H100, "-e", "driver_version=535.261.03"]
+    plan = converge([*downgrade, "--check"], playbook=DRIVER_ONLY)
+    said = _task_results(plan, H100, "Predict the replacement of the loaded driver")
+    assert said[0]["msg"].endswith("with 535.261.03 (proprietary), a downgrade")
+    checked = _task_results(
+        plan, H100, "Check and fetch the whole driver package set before anything changes"
+    )
+    moves = {step["name"]: step for step in checked[0]["transaction"]}
+    assert moves[FABRIC_MANAGER]["action"] == "downgrade"
+    assert moves[FABRIC_MANAGER]["to"].startswith("535.261.03-")
+    assert {moves[name]["action"] for name in HELD} == {"downgrade"}
+    assert _loaded(host) == old  # the plan changed nothing
+
+    applied = converge(downgrade, playbook=DRIVER_ONLY)
+    outcome = stage_of(applied, H100)
+    assert (outcome["status"], outcome["disruptive"]) == ("ready", True)
+    assert _loaded(host) == "535.261.03"
+    for name in (*HELD, FABRIC_MANAGER):
+        assert version(host, name).startswith("535.261.03-"), name
+    assert host.service("nvidia-fabricmanager").is_running
+    assert FABRIC_MANAGER in held(host)
+    assert host.file(READY).exists
+
+
+def test_a_change_whose_fabric_manager_is_missing_is_refused_with_nothing_changed(host):
+    """The repository index the node reads loses the fabric manager of 535.309.01 (an
+    edited copy of apt's list stands for a mirror that never synced it): both the
+    plan and the apply refuse the upgrade naming the package; the node keeps its
+    driver, pin and fabric manager."""
+    pin = host.file("/etc/apt/preferences.d/gpufleet-nvidia-driver.pref").content_string
+    host.run_expect(
+        [0],
+        f"awk -v RS= -v ORS='\\n\\n' '!(/Package: {FABRIC_MANAGER}/ && /Version: 535.309.01-/)' "
+        f"'{CUDA_LIST}' > /tmp/list && rm '{CUDA_LIST}' && mv /tmp/list '{CUDA_LIST}'",
+    )
+    try:
+        upgrade = ["--limit", H100, "-e", "driver_version=535.309.01"]
+        for mode in (["--check"], []):
+            # (the stage playbook records the failure; site.yml fails the host at its end)
+            run = converge([*upgrade, *mode], playbook=DRIVER_ONLY)
+            outcome = stage_of(run, H100)
+            assert outcome["status"] == "failed"
+            assert outcome["reason"].startswith(
+                "Check and fetch the whole driver package set before anything changes: "
+                "not available from the node's package sources: "
+                f"{FABRIC_MANAGER} 535.309.01 (they offer 535.261.03-1)"
+            )
+            assert _loaded(host) == "535.261.03"
+            assert version(host, "nvidia-smi").startswith("535.261.03-")
+            assert host.service("nvidia-fabricmanager").is_running
+            assert (
+                host.file("/etc/apt/preferences.d/gpufleet-nvidia-driver.pref").content_string
+                == pin
+            )
+    finally:  # apt's own list back
+        host.run_expect([0], f"rm -f '{CUDA_LIST}' && apt-get update -qq")
+
+
+def test_an_upgrade_moves_the_fabric_manager_up_with_the_driver(host):
+    run = converge(["--limit", H100, "-e", "driver_version=535.309.01"], playbook=DRIVER_ONLY)
+    assert stage_of(run, H100)["status"] == "ready"
+    assert _loaded(host) == "535.309.01"
+    for name in (*HELD, FABRIC_MANAGER):
+        assert version(host, name).startswith("535.309.01-"), name
+    assert host.service("nvidia-fabricmanager").is_running
+    again = converge(["--limit", H100, "-e", "driver_version=535.309.01"], playbook=DRIVER_ONLY)
+    assert again["stats"][H100]["changed"] == 0
