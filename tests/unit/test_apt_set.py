@@ -126,3 +126,54 @@ def test_a_refusal_keeps_apts_reasons_and_drops_its_boilerplate():
         "535.261.03-1 is to be installed; E: Unable to correct problems, you have held "
         "broken packages."
     )
+
+
+def test_the_undo_puts_back_each_version_and_removes_what_was_new():
+    steps = apt_set.parse_simulation(
+        DOWNGRADE
+        + "Remv nvidia-kernel-dkms [535.309.01-1]\n"
+        + "Inst nvidia-open-kernel-dkms (535.261.03-1 Debian:12.12/oldstable [amd64])\n"
+    )
+    assert apt_set.undo(steps, held=["nvidia-fabricmanager-535", "nvidia-smi"]) == {
+        "install": ["nvidia-fabricmanager-535=535.309.01-1", "nvidia-kernel-dkms=535.309.01-1"],
+        "remove": ["nvidia-open-kernel-dkms"],
+        "hold": ["nvidia-fabricmanager-535"],
+    }
+
+
+def test_a_failed_install_says_which_script_failed_and_why():
+    """What apt-get printed when DKMS's hook failed (from a simulated node)."""
+    out = (
+        "Setting up nvidia-kernel-dkms (535.309.01-0+deb12u1) ...\n"
+        "Error! Bad return status for module build on kernel: 6.18.44 (x86_64)\n"
+        "dpkg: error processing package nvidia-kernel-dkms (--configure):\n"
+        " installed nvidia-kernel-dkms package post-installation script subprocess "
+        "returned error exit status 10\n"
+        "Errors were encountered while processing:\n"
+        " nvidia-kernel-dkms\n"
+        "E: Sub-process /usr/bin/dpkg returned an error code (1)\n"
+    )
+    assert apt_set.refusal(out) == (
+        "Error! Bad return status for module build on kernel: 6.18.44 (x86_64); "
+        "dpkg: error processing package nvidia-kernel-dkms (--configure):; "
+        "installed nvidia-kernel-dkms package post-installation script subprocess "
+        "returned error exit status 10; E: Sub-process /usr/bin/dpkg returned an error code (1)"
+    )
+
+
+def test_a_package_left_unconfigured_is_finished_by_the_transaction():
+    """What --simulate says with nvidia-kernel-dkms half-configured by a failed run."""
+    steps = apt_set.parse_simulation(
+        "1 not fully installed or removed.\n"
+        "Conf nvidia-kernel-dkms (535.309.01-0+deb12u1 Debian-Security:12/oldstable-security "
+        "[amd64])\n"
+    )
+    assert steps == [
+        {
+            "name": "nvidia-kernel-dkms",
+            "action": "configure",
+            "from": None,
+            "to": "535.309.01-0+deb12u1",
+        }
+    ]
+    assert apt_set.undo(steps)["install"] == []  # nothing of the old set to put back

@@ -160,11 +160,21 @@ def test_installed_driver_from_dpkg_query_output():
         "module_type": "proprietary",
         "installed_by": "package",
         "package": "nvidia-kernel-dkms",
+        "package_state": "installed",
     }
     assert discovery.installed_from_dpkg("un |nvidia-kernel-dkms|\n") is None
     held = discovery.installed_from_dpkg("hi |nvidia-open-kernel-dkms|535.261.03-1\n")
     assert held["version"] == "535.261.03" and held["module_type"] == "open"
     assert discovery.installed_from_dpkg("rc |nvidia-kernel-dkms|535.261.03-1\n") is None
+
+
+def test_a_module_package_a_failed_run_left_half_done_is_still_the_packages():
+    """Not a driver installed some other way: the driver stage finishes it."""
+    half = discovery.installed_from_dpkg("hF |nvidia-kernel-dkms|535.309.01-0+deb12u1\n")
+    assert (half["installed_by"], half["version"]) == ("package", "535.309.01")
+    assert half["package_state"] == "half-configured"
+    unpacked = discovery.installed_from_dpkg("iU |nvidia-open-kernel-dkms|535.261.03-1\n")
+    assert unpacked["package_state"] == "unpacked"
 
 
 def test_installed_driver_from_rpm_query_output():

@@ -18,7 +18,10 @@ _POLICY_VERSION = re.compile(r"^\s+(?:\*\*\* )?(\S+) (-?[0-9]+)$")
 # "Inst name [old] (new origin [arch])" and "Remv name [old]" of --simulate.
 _INST = re.compile(r"^Inst (\S+) (?:\[(\S+)\] )?\((\S+)")
 _REMV = re.compile(r"^Remv (\S+)(?: \[(\S+)\])?")
+_CONF = re.compile(r"^Conf (\S+) \((\S+)")
 _DOWNGRADED = "The following packages will be DOWNGRADED:"
+# dpkg's line under "dpkg: error processing package …": which script failed, how.
+_SCRIPT_FAILED = re.compile(r"^ .* script subprocess returned error exit status [0-9]+$")
 # " libcuda1 : Depends: …" and its continuation lines under "unmet dependencies".
 _UNMET = re.compile(r"^ \S+ : |^\s+(?:Pre-?Depends|Depends|Conflicts|Breaks): ")
 
@@ -81,10 +84,11 @@ def target_version(policy, version, same_version):
 
 def specs(policy, install, same_version, version):
     """apt-get's arguments: `name=exact-version` for the packages that move together,
-    the name alone for the others. Every package the sources lack is named at once."""
+    the name alone for the others (and `name=version` as given). Every package the
+    sources lack is named at once."""
     together, arguments, missing = set(same_version), [], []
     for name in install:
-        if name not in together or not version:
+        if name not in together or not version or "=" in name:
             arguments.append(name)
             continue
         try:
@@ -98,7 +102,8 @@ def specs(policy, install, same_version, version):
 
 def parse_simulation(text):
     """The transaction of `apt-get install --simulate`: one entry per package with
-    its action (install, upgrade, downgrade, remove) and versions (from, to)."""
+    its action (install, upgrade, downgrade, remove, or configure: a package an
+    earlier run left unconfigured) and versions (from, to)."""
     downgraded = _section(text, _DOWNGRADED)
     steps = []
     for line in text.splitlines():
@@ -114,12 +119,31 @@ def parse_simulation(text):
             )
             steps.append({"name": name, "action": action, "from": old, "to": new})
             continue
+        conf = _CONF.match(line)
+        if conf and conf.group(1) not in {step["name"] for step in steps}:
+            # Left unconfigured by an earlier run: this one finishes it.
+            steps.append(
+                {"name": conf.group(1), "action": "configure", "from": None, "to": conf.group(2)}
+            )
+            continue
         remv = _REMV.match(line)
         if remv:
             steps.append(
                 {"name": remv.group(1), "action": "remove", "from": remv.group(2), "to": None}
             )
     return steps
+
+
+def undo(steps, held=()):
+    """The transaction that puts back what `steps` change: every package upgraded,
+    downgraded or removed at the version installed before, every new one removed;
+    and which of them were held (`held`: apt-mark showhold), to hold again."""
+    changed = [step["name"] for step in steps if step["from"]]
+    return {
+        "install": [f"{step['name']}={step['from']}" for step in steps if step["from"]],
+        "remove": [step["name"] for step in steps if step["action"] == "install"],
+        "hold": [name for name in changed if name.split(":")[0] in set(held)],
+    }
 
 
 def _section(text, header):
@@ -135,9 +159,13 @@ def _section(text, header):
 
 
 def refusal(text):
-    """What apt said when it refused the set: its unmet dependencies and E: lines."""
+    """What apt said when it refused the set: its unmet dependencies, dpkg's errors
+    and apt's E: lines."""
+    said = ("E: ", "dpkg: error", "Error! ")
     lines = [
-        line.strip() for line in text.splitlines() if line.startswith("E: ") or _UNMET.match(line)
+        line.strip()
+        for line in text.splitlines()
+        if line.startswith(said) or _UNMET.match(line) or _SCRIPT_FAILED.match(line)
     ]
     return "; ".join(dict.fromkeys(lines)) or text.strip()
 

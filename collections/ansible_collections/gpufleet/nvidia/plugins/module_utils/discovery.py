@@ -64,6 +64,9 @@ def driver_facts(
         "installed_by": (installed or {}).get("installed_by")
         or ("other" if loaded_version else None),
         "package": (installed or {}).get("package"),
+        # installed, or how a failed run left the package (dpkg's words): a node
+        # between two drivers, which the driver stage finishes.
+        "package_state": (installed or {}).get("package_state"),
     }
 
 
@@ -213,18 +216,32 @@ def upstream_version(package_version: str) -> str:
     return version.split("-", 1)[0]
 
 
+# dpkg's current states (the second letter of db:Status-Abbrev) in which a package's
+# files are on disk: installed, or left between two versions by a failed or killed
+# run (unpacked, half-configured, half-installed, awaiting or pending triggers).
+DPKG_PRESENT = {
+    "i": "installed",
+    "U": "unpacked",
+    "F": "half-configured",
+    "H": "half-installed",
+    "W": "triggers-awaited",
+    "t": "triggers-pending",
+}
+
+
 def installed_from_dpkg(output: str) -> dict[str, str] | None:
     for line in output.splitlines():
         fields = line.split("|")
         # db:Status-Abbrev is the wanted state then the current one: "ii" installed,
-        # "hi" installed and held.
-        if len(fields) == 3 and fields[0][1:2] == "i":
+        # "hi" installed and held, "hF" held and half-configured.
+        if len(fields) == 3 and fields[0][1:2] in DPKG_PRESENT:
             package, version = fields[1], fields[2]
             return {
                 "version": upstream_version(version),
                 "module_type": "open" if "open" in package else "proprietary",
                 "installed_by": "package",
                 "package": package,
+                "package_state": DPKG_PRESENT[fields[0][1]],
             }
     return None
 

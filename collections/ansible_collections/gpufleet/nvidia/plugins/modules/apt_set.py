@@ -22,7 +22,8 @@ description:
     would carry out. With O(preferences), apt sees the pin files as the run will
     have written them, also in check mode, where they are not written.
   - With O(download_only), the set's packages are fetched into apt's cache and nothing
-    is installed (a preflight, before a node is taken out of service).
+    is installed (a preflight, before a node is taken out of service); so are the
+    packages installed now that the transaction would replace, for a rollback (RV(undo)).
 options:
   install:
     description: Packages to install, by name.
@@ -124,6 +125,37 @@ summary:
   description: The transaction in words.
   returned: always
   type: str
+undo:
+  description:
+    - The transaction that puts back what this one changes, for a rollback with this
+      module (O(install) takes C(name=version)).
+  returned: always
+  type: dict
+  contains:
+    install:
+      description: Each package changed or removed, as C(name=version-installed-before).
+      type: list
+      elements: str
+    remove:
+      description: Each package this transaction installs new.
+      type: list
+      elements: str
+    hold:
+      description: The packages of RV(undo.install) that were held, to hold again.
+      type: list
+      elements: str
+preferences_before:
+  description: The files of O(preferences) as they were on disk before (C(content)
+    null - absent), to put back with the rest.
+  returned: always
+  type: list
+  elements: dict
+undo_problem:
+  description:
+    - With O(download_only), why the packages installed now could not be fetched
+      into apt's cache for a rollback (empty when they were, or nothing changes).
+  returned: always
+  type: str
 """
 
 import contextlib
@@ -191,41 +223,67 @@ def _apt_get(module, options, arguments, mode):
     return module.run_command(argv)
 
 
-def main():
-    module = AnsibleModule(
-        argument_spec={
-            "install": {"type": "list", "elements": "str", "required": True},
-            "same_version": {"type": "list", "elements": "str", "default": []},
-            "version": {"type": "str", "default": ""},
-            "remove": {"type": "list", "elements": "str", "default": []},
-            "preferences": {
-                "type": "list",
-                "elements": "dict",
-                "default": [],
-                "options": {
-                    "path": {"type": "path", "required": True},
-                    "content": {"type": "str"},
-                },
-            },
-            "download_only": {"type": "bool", "default": False},
-            "lock_timeout": {"type": "int", "default": 60},
+ARGUMENT_SPEC = {
+    "install": {"type": "list", "elements": "str", "required": True},
+    "same_version": {"type": "list", "elements": "str", "default": []},
+    "version": {"type": "str", "default": ""},
+    "remove": {"type": "list", "elements": "str", "default": []},
+    "preferences": {
+        "type": "list",
+        "elements": "dict",
+        "default": [],
+        "options": {
+            "path": {"type": "path", "required": True},
+            "content": {"type": "str"},
         },
-        supports_check_mode=True,
-    )
+    },
+    "download_only": {"type": "bool", "default": False},
+    "lock_timeout": {"type": "int", "default": 60},
+}
+
+
+def _arguments(module, options):
+    """(version, apt-get's arguments) for the set, each exact version resolved."""
+    params = module.params
+    names = list(dict.fromkeys(params["install"]))
+    bare = [name.split("=", 1)[0] for name in names]
+    rc, out, err = module.run_command(["apt-cache", *options, "policy", *bare])
+    if rc != 0:
+        module.fail_json(msg=f"apt-cache policy failed: {err.strip()}")
+    policy = apt_set.parse_policy(out)
+    try:
+        version = apt_set.target_version(policy, params["version"], params["same_version"])
+        arguments = apt_set.specs(policy, names, params["same_version"], version)
+    except apt_set.AptSetError as exc:
+        module.fail_json(msg=str(exc), version=params["version"])
+    return version, arguments + [f"{name}-" for name in params["remove"]]
+
+
+def _held(module):
+    rc, out, _err = module.run_command(["apt-mark", "showhold"])
+    return out.split() if rc == 0 else []
+
+
+def _fetch_undo(module, options, undo):
+    """Fetch the packages installed now into apt's cache, so that the set can be put
+    back after a failed change even where the sources no longer offer them. Returns
+    what kept that from happening ('' when nothing did)."""
+    if not undo["install"]:
+        return ""
+    rc, out, err = _apt_get(module, options, ["--reinstall", *undo["install"]], "--download-only")
+    return "" if rc == 0 else apt_set.refusal(out + err)
+
+
+def main():
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     module.run_command_environ_update = {"LC_ALL": "C", "DEBIAN_FRONTEND": "noninteractive"}
     params = module.params
+    before = [
+        {"path": p["path"], "content": _on_disk(os.path.basename(p["path"]))}
+        for p in params["preferences"]
+    ]
     with preferences_overlay(params["preferences"]) as options:
-        names = list(dict.fromkeys(params["install"]))
-        rc, out, err = module.run_command(["apt-cache", *options, "policy", *names])
-        if rc != 0:
-            module.fail_json(msg=f"apt-cache policy failed: {err.strip()}")
-        policy = apt_set.parse_policy(out)
-        try:
-            version = apt_set.target_version(policy, params["version"], params["same_version"])
-            arguments = apt_set.specs(policy, names, params["same_version"], version)
-        except apt_set.AptSetError as exc:
-            module.fail_json(msg=str(exc), version=params["version"])
-        arguments += [f"{name}-" for name in params["remove"]]
+        version, arguments = _arguments(module, options)
         rc, out, err = _apt_get(module, options, arguments, "--simulate")
         if rc != 0:
             module.fail_json(
@@ -238,16 +296,21 @@ def main():
             "transaction": steps,
             "downgrade": any(step["action"] == "downgrade" for step in steps),
             "summary": apt_set.summary(steps),
+            "undo": apt_set.undo(steps, _held(module)),
+            "preferences_before": before,
+            "undo_problem": "",
         }
         # Fetching is the preflight's whole point, so it happens in check mode too:
         # it fills apt's cache and changes nothing else.
         mode = "--download-only" if params["download_only"] else None
+        if steps and mode:
+            result["undo_problem"] = _fetch_undo(module, [], result["undo"])
         if steps and (mode or not module.check_mode):
             rc, out, err = _apt_get(module, options, arguments, mode)
             if rc != 0:
                 module.fail_json(
-                    msg=f"apt-get install {' '.join(arguments)} failed: "
-                    f"{apt_set.refusal(out + err)}",
+                    msg=f"apt-get install failed: {apt_set.refusal(out + err)}",
+                    arguments=arguments,
                     **result,
                 )
     module.exit_json(changed=bool(steps) and not params["download_only"], **result)

@@ -114,7 +114,9 @@ ansible_facts:
           description: C(state) (absent, installed, loaded), C(version) (the loaded one
             when loaded), C(installed_version), C(module_type) (open, proprietary; of the
             loaded module when loaded), C(installed_module_type),
-            C(installed_by) (package, other), C(package).
+            C(installed_by) (package, other), C(package), C(package_state) (installed,
+            or how a failed run left the module's package - unpacked, half-configured,
+            half-installed, triggers-awaited, triggers-pending).
           type: dict
         cuda_version:
           description: CUDA version the loaded driver supports, when it answers.
