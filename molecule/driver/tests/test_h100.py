@@ -364,7 +364,7 @@ def test_a_node_left_between_two_drivers_is_finished_by_the_next_run(host):
     )
     change = ["--limit", H100, "-e", "driver_version=535.261.03"]
     try:
-        run = converge([*change, "-e", "driver_rollback=false"], playbook=DRIVER_ONLY)
+        run = converge([*change, "-e", '{"driver_rollback": false}'], playbook=DRIVER_ONLY)
     finally:
         host.run_expect([0], f"mv {DKMS_HOOK}.real {DKMS_HOOK}")
     outcome = stage_of(run, H100)
