@@ -19,6 +19,7 @@ import pytest
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import gpu_health as gh
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import node_state as ns
 from conftest import run_local_module
+from runner.words import drift_summary
 
 T4 = "0000:3b:00.0"
 A100 = "0000:af:00.0"
@@ -283,6 +284,36 @@ def test_package_version_change_and_unhold_are_drift(node, components):
             "current": {"version": "1.17.8-1", "held": False},
         }
     ]
+
+
+def test_a_package_a_failed_run_left_half_configured_is_drift_said_so(node, components):
+    """A driver change killed mid-way: the new module package unpacked, not configured."""
+    node.packages["nvidia-kernel-dkms"] = ("535.261.03-1", "hi")
+    components = {
+        **components,
+        **ns.normalize_components({"driver": {"packages": ["nvidia-kernel-dkms"]}}),
+    }
+
+    def interrupted():
+        node.packages["nvidia-kernel-dkms"] = ("535.309.01-0+deb12u1", "hF")
+
+    drift = record_then_probe(node, components, interrupted)
+    assert drift["driver"] == [
+        {
+            "kind": "package",
+            "name": "nvidia-kernel-dkms",
+            "recorded": {"version": "535.261.03-1", "held": True},
+            "current": {
+                "version": "535.309.01-0+deb12u1",
+                "held": True,
+                "state": "half-configured",
+            },
+        }
+    ]
+    assert drift_summary(drift["driver"][0]) == (
+        "package nvidia-kernel-dkms: state None -> half-configured, "
+        "version 535.261.03-1 -> 535.309.01-0+deb12u1"
+    )
 
 
 def test_a_removed_package_is_drift(node, components):

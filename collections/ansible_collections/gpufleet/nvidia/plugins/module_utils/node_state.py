@@ -164,7 +164,9 @@ def _name(lookup, number):
 
 
 def parse_dpkg_query(output):
-    """{package: {version, held}} of installed packages, from DPKG_QUERY_FORMAT lines.
+    """{package: {version, held}} of installed packages, from DPKG_QUERY_FORMAT lines;
+    with `state` (dpkg's word: half-configured, unpacked, ...) for one a failed or
+    killed run left between two versions.
 
     db:Status-Abbrev is the wanted state (h: hold, what `apt-mark hold` and
     dpkg_selections set), then the current one (i: installed), then an error flag.
@@ -175,8 +177,11 @@ def parse_dpkg_query(output):
         if len(fields) != 3 or fields[0] in found:
             continue
         name, version, status = fields
-        if status[1:2] == "i":
+        current = status[1:2]
+        if current in discovery.DPKG_PRESENT:
             found[name] = {"version": version, "held": status[:1] == "h"}
+            if current != "i":
+                found[name]["state"] = discovery.DPKG_PRESENT[current]
     return found
 
 
