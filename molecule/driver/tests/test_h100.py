@@ -292,22 +292,11 @@ def test_a_change_whose_fabric_manager_is_missing_is_refused_with_nothing_change
         host.run_expect([0], f"rm -f '{CUDA_LIST}' && apt-get update -qq")
 
 
-def test_an_upgrade_moves_the_fabric_manager_up_with_the_driver(host):
-    run = converge(["--limit", H100, "-e", "driver_version=535.309.01"], playbook=DRIVER_ONLY)
-    assert stage_of(run, H100)["status"] == "ready"
-    assert _loaded(host) == "535.309.01"
-    for name in (*HELD, FABRIC_MANAGER):
-        assert version(host, name).startswith("535.309.01-"), name
-    assert host.service("nvidia-fabricmanager").is_running
-    again = converge(["--limit", H100, "-e", "driver_version=535.309.01"], playbook=DRIVER_ONLY)
-    assert again["stats"][H100]["changed"] == 0
-
-
 PIN = "/etc/apt/preferences.d/gpufleet-nvidia-driver.pref"
 DKMS_HOOK = "/usr/lib/dkms/common.postinst"
 # Fails the module build of one version as DKMS does, and hands the others to DKMS.
 FAILING_HOOK = f"""#!/bin/sh
-if [ "$2" = 535.261.03 ]; then
+if [ "$2" = 535.309.01 ]; then
   echo "Error! Bad return status for module build on kernel: $(uname -r) (x86_64)"
   exit 10
 fi
@@ -316,10 +305,10 @@ exec {DKMS_HOOK}.real "$@"
 
 
 def test_a_change_that_fails_after_the_old_packages_went_is_rolled_back(host):
-    """DKMS fails to build 535.261.03's module (a wrapper around DKMS's own postinst
+    """DKMS fails to build 535.309.01's module (a wrapper around DKMS's own postinst
     hook, which Debian's nvidia-kernel-dkms calls with the module's version): dpkg
     leaves the new packages unconfigured after the old ones were replaced. The stage
-    reinstalls the 535.309.01 set from apt's cache, puts the pin back, loads the old
+    reinstalls the 535.261.03 set from apt's cache, puts the pin back, loads the old
     driver and starts its services; it reports the failure and the rollback."""
     pin = host.file(PIN).content_string
     host.run_expect([0], f"mv {DKMS_HOOK} {DKMS_HOOK}.real")
@@ -327,7 +316,7 @@ def test_a_change_that_fails_after_the_old_packages_went_is_rolled_back(host):
         [0], f"printf %s {shlex.quote(FAILING_HOOK)} > {DKMS_HOOK} && chmod 755 {DKMS_HOOK}"
     )
     try:
-        run = converge(["--limit", H100, "-e", "driver_version=535.261.03"], playbook=DRIVER_ONLY)
+        run = converge(["--limit", H100, "-e", "driver_version=535.309.01"], playbook=DRIVER_ONLY)
     finally:
         host.run_expect([0], f"mv {DKMS_HOOK}.real {DKMS_HOOK}")
     outcome = stage_of(run, H100)
@@ -338,10 +327,10 @@ def test_a_change_that_fails_after_the_old_packages_went_is_rolled_back(host):
         "apt-get install failed: Error! Bad return status for module build on kernel: "
     )
     assert "; dpkg: error processing package nvidia-kernel-dkms (--configure):" in reason
-    assert reason.endswith("; rolled back to 535.309.01")
-    assert _loaded(host) == "535.309.01"
+    assert reason.endswith("; rolled back to 535.261.03")
+    assert _loaded(host) == "535.261.03"
     for name in (*HELD, FABRIC_MANAGER):
-        assert version(host, name).startswith("535.309.01-"), name
+        assert version(host, name).startswith("535.261.03-"), name
     assert host.run("dpkg --audit").stdout == ""  # nothing left half-installed
     assert {*HELD, FABRIC_MANAGER} <= held(host)
     assert host.file(PIN).content_string == pin
@@ -349,20 +338,21 @@ def test_a_change_that_fails_after_the_old_packages_went_is_rolled_back(host):
         assert host.service(unit).is_running
     assert host.file(READY).exists
     # The node is as it was: the old version's settings change nothing.
-    again = converge(["--limit", H100, "-e", "driver_version=535.309.01"], playbook=DRIVER_ONLY)
+    again = converge(["--limit", H100, "-e", "driver_version=535.261.03"], playbook=DRIVER_ONLY)
     assert again["stats"][H100]["changed"] == 0
 
 
 def test_a_node_left_between_two_drivers_is_finished_by_the_next_run(host):
     """The same failure with driver_rollback off leaves nvidia-kernel-dkms
-    half-configured at 535.261.03 under the loaded 535.309.01 (what a killed run
+    half-configured at 535.309.01 under the loaded 535.261.03 (what a killed run
     leaves too). That is still the packages' driver, not one installed some other
-    way: once the cause is gone, the next run finishes the change."""
+    way: once the cause is gone, the next run finishes the change (an upgrade, the
+    fabric manager moving with the driver)."""
     host.run_expect([0], f"mv {DKMS_HOOK} {DKMS_HOOK}.real")
     host.run_expect(
         [0], f"printf %s {shlex.quote(FAILING_HOOK)} > {DKMS_HOOK} && chmod 755 {DKMS_HOOK}"
     )
-    change = ["--limit", H100, "-e", "driver_version=535.261.03"]
+    change = ["--limit", H100, "-e", "driver_version=535.309.01"]
     try:
         run = converge([*change, "-e", '{"driver_rollback": false}'], playbook=DRIVER_ONLY)
     finally:
@@ -380,6 +370,8 @@ def test_a_node_left_between_two_drivers_is_finished_by_the_next_run(host):
     finished = converge(change, playbook=DRIVER_ONLY)
     assert stage_of(finished, H100)["status"] == "ready"
     assert host.run("dpkg --audit").stdout == ""
-    assert _loaded(host) == "535.261.03"
-    assert version(host, FABRIC_MANAGER).startswith("535.261.03-")
+    assert _loaded(host) == "535.309.01"
+    for name in (*HELD, FABRIC_MANAGER):
+        assert version(host, name).startswith("535.309.01-"), name
+    assert {*HELD, FABRIC_MANAGER} <= held(host)
     assert host.service("nvidia-fabricmanager").is_running
