@@ -8,6 +8,7 @@ Tests run in order: each leaves the node converged for the next.
 from __future__ import annotations
 
 import json
+import shlex
 
 import pytest
 from helpers import PROJECT, converge
@@ -15,6 +16,7 @@ from helpers import PROJECT, converge
 testinfra_hosts = ["gpufleet-rt-t4"]
 
 SITE = PROJECT / "site.yml"
+TOOLKIT_PIN = "/etc/apt/preferences.d/gpufleet-nvidia-container-toolkit.pref"
 FILES = PROJECT / "molecule" / "runtime" / "tests" / "files"
 MARKERS = "/run/nvidia/validations"
 TOOLKIT = (
@@ -146,6 +148,46 @@ def test_a_bad_runtime_name_writes_nothing(host, name):
     run = converge(["-e", json.dumps({"runtime_config_runtime_name": name})], SITE, expect_rc=2)
     assert run["stats"]["gpufleet-rt-t4"]["changed"] == 0
     assert host.file("/etc/containerd/config.toml").content_string == before
+
+
+# Stands in for a new nvidia-ctk that cannot write the CDI spec here: a diversion
+# keeps the packaged binary beside it (dpkg installs every version's there).
+CTK = "/usr/bin/nvidia-ctk"
+FAILING_CTK = f"""#!/bin/sh
+if [ "$1" = cdi ] && {CTK}.real --version | grep -q 'version 1.18.0'; then
+  echo 'level=error msg="failed to generate CDI spec: test fault"' >&2
+  exit 1
+fi
+exec {CTK}.real "$@"
+"""
+
+
+def test_a_toolkit_change_that_fails_is_rolled_back(host):
+    """1.18.0's nvidia-ctk fails to generate the CDI spec: the stage puts the 1.17.8
+    packages back from apt's cache, held, with their pin; the spec stays as it was."""
+    spec = host.file("/etc/cdi/nvidia.yaml").content_string
+    pin = host.file(TOOLKIT_PIN).content_string
+    host.run_expect(
+        [0],
+        f"dpkg-divert --quiet --local --rename --divert {CTK}.real --add {CTK}"
+        f" && printf %s {shlex.quote(FAILING_CTK)} > {CTK} && chmod 755 {CTK}",
+    )
+    try:
+        run = converge(["-e", "toolkit_version=1.18.0"], SITE, expect_rc=2)
+    finally:
+        host.run_expect([0], f"rm -f {CTK} && dpkg-divert --quiet --local --rename --remove {CTK}")
+    stage = outcome(run, "toolkit_stage")
+    assert stage["status"] == "failed"
+    assert stage["reason"].startswith("Ask nvidia-ctk for the CDI spec of the node's GPUs: ")
+    assert "test fault" in stage["reason"]
+    assert stage["reason"].endswith("; rolled back to 1.17.8")
+    for package in TOOLKIT:
+        assert host.package(package).version.startswith("1.17.8-"), package
+    held = host.check_output("apt-mark showhold").split()
+    assert set(TOOLKIT) <= set(held)
+    assert host.file(TOOLKIT_PIN).content_string == pin
+    assert host.file("/etc/cdi/nvidia.yaml").content_string == spec
+    assert "version 1.17.8" in host.check_output("nvidia-ctk --version")
 
 
 def test_toolkit_upgrade_and_cdi_spec_follows_the_driver(host):
