@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from runner import __version__, site
+from runner.alerting import DEFAULT_EXPORTER_JOB
 from runner.engine import DEFAULT_HOSTS, STAGES
 from runner.output import EXIT_TEXT, program
 from runner.state import HistoryKind
@@ -235,7 +236,7 @@ def _health(rec: argparse.ArgumentParser) -> None:
 
 
 def _others(sub: Any, common: argparse.ArgumentParser, acting: argparse.ArgumentParser) -> None:
-    """plan, status, history, release, version."""
+    """plan, status, history, release, version, monitoring."""
     plan = sub.add_parser(
         "plan", parents=[common, acting], help="what would change, with diffs", epilog=EXIT_TEXT
     )
@@ -272,3 +273,43 @@ def _release_and_version(sub: Any, common: argparse.ArgumentParser) -> None:
         "version", help="the version, and where the playbooks it runs come from"
     )
     version.add_argument("--json", action="store_true", help=JSON_HELP)
+    _monitoring(sub)
+
+
+def _monitoring(sub: Any) -> None:
+    mon = sub.add_parser(
+        "monitoring",
+        help="print the Prometheus rules or the Grafana dashboard, made for this site",
+        epilog="docs/monitoring.md: the alerts, their runbooks and the dashboard.",
+    )
+    mon.add_argument(
+        "what",
+        choices=["rules", "dashboard"],
+        help="the alerting and recording rules, or the dashboard",
+    )
+    mon.add_argument(
+        "--runbook-url",
+        metavar="URL",
+        help="where the site serves docs/monitoring.md: each alert gets runbook_url URL#<alert>",
+    )
+    mon.add_argument(
+        "--exporter-job",
+        metavar="REGEX",
+        default=DEFAULT_EXPORTER_JOB,
+        help="the exporters' scrape job names, a regular expression (default %(default)s)",
+    )
+    mon.add_argument(
+        "--kubernetes",
+        action="store_true",
+        help="as a PrometheusRule (rules), or a ConfigMap for Grafana's dashboard sidecar",
+    )
+    mon.add_argument("--name", default="gpufleet", help="with --kubernetes: the object's name")
+    mon.add_argument("--namespace", help="with --kubernetes: the object's namespace")
+    mon.add_argument(
+        "--label",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="with --kubernetes: a label, such as the one Prometheus's ruleSelector asks for",
+    )
+    mon.add_argument("--json", action="store_true", help=JSON_HELP)

@@ -28,7 +28,7 @@ from types import FrameType
 
 import yaml
 
-from runner import __version__, show
+from runner import __version__, alerting, show
 from runner.arguments import build_parser
 from runner.engine import DEFAULT_HOSTS, AnsibleEngine, EngineError, InventoryError
 from runner.lock import InventoryLock, LockHeld
@@ -126,6 +126,18 @@ def cmd_version(args: argparse.Namespace) -> int:
         return Exit.OK
     print(f"gpufleet {__version__}")
     print(f"playbooks: {project} ({what})")
+    return Exit.OK
+
+
+def cmd_monitoring(args: argparse.Namespace) -> int:
+    try:
+        rendered, text = alerting.render(args)
+    except alerting.MonitoringError as err:
+        raise UsageError(str(err)) from err
+    if args.json:
+        print(document(Kind.MONITORING, rendered))
+    else:
+        print(text, end="")
     return Exit.OK
 
 
@@ -361,6 +373,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "version":
             return cmd_version(args)
+        if args.command == "monitoring":
+            return cmd_monitoring(args)
         _setup_logging(args.log_format, args.quiet)
         if args.inventory is not None:
             if not Path(args.inventory).exists():

@@ -46,6 +46,7 @@ class Kind(StrEnum):
     HISTORY = "history"
     RELEASE = "release"
     VERSION = "version"
+    MONITORING = "monitoring"
     ERROR = "error"
 
 
