@@ -29,11 +29,21 @@ def _node_state(root: Path) -> dict[str, object]:
         "STATE": root / "state",
         "PROC_DRIVER": root / "proc" / "driver",
         "DEV": root / "dev",
+        "FIRMWARE": root / "lib" / "firmware" / "nvidia",
         "LIBNVML_LINK": str(root / "lib/libnvidia-ml.so.1"),
         "DIVERTED": {str(root / "lib/libnvidia-ml.so.1"): "lib/libnvidia-ml.so.1"},
         "PREINSTALLED_FILES": {str(root / "bin/nvidia-smi"): "preinstalled/nvidia-smi"},
         "_write_profile_from_environment": lambda: None,
     }
+
+
+def _lay_gsp_firmware(version: str) -> None:
+    """What Debian's firmware-nvidia-gsp of `version` installs (empty files here)."""
+    from gpusim import node
+
+    gsp = node.FIRMWARE / version
+    gsp.mkdir(parents=True, exist_ok=True)
+    (gsp / "gsp_ga10x.bin").write_bytes(b"")
 
 
 def _installed(driver):
@@ -66,8 +76,10 @@ def sim_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(node, "nouveau_blacklisted", lambda: False)
     monkeypatch.setenv("GPUSIM_NODE_NAME", "unit-node")
 
-    def boot(profile: str, installed: node.InstalledDriver | None = None):
+    def boot(profile: str, installed: node.InstalledDriver | None = None, firmware: bool = True):
         (tmp_path / "run").mkdir(exist_ok=True)
+        if installed and firmware:
+            _lay_gsp_firmware(installed.version)
         (tmp_path / "run" / "profile").write_text(profile)
         monkeypatch.setattr(node, "installed_driver", _installed(installed))
         return node.boot()
@@ -141,6 +153,7 @@ def real_smi_outputs(profile: str, node_name: str, driver_version: str = "535.26
             mock.patch.multiple(node, **patches),
             mock.patch.dict(os.environ, {"GPUSIM_NODE_NAME": node_name}),
         ):
+            _lay_gsp_firmware(driver_version)
             node.boot()
             (root / "run" / "nvml" / "library-version").write_text(driver_version + "\n")
             env = nvml_env(library)

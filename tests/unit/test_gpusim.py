@@ -121,6 +121,37 @@ def test_secure_boot_rejects_an_unsigned_module(sim_node, monkeypatch):
         node.load_module("nvidia")
 
 
+def test_gpus_whose_gsp_firmware_is_missing_do_not_start(sim_node, monkeypatch):
+    """Without /lib/firmware/nvidia/<version>/gsp_*.bin (Debian's firmware-nvidia-gsp),
+    the module loads, but a Hopper GPU (any GPU under the open module) does not start:
+    the kernel log says why and nothing answers behind it."""
+    monkeypatch.setattr(node, "nouveau_blacklisted", lambda: True)
+    sim_node("h100-sxm-8", node.InstalledDriver("535.309.01", "proprietary", "package:x"), False)
+    node.load_module("nvidia")
+    assert node.loaded_driver()["version"] == "535.309.01"
+    assert not any(node.DEV.glob("nvidia[0-9]*")) and (node.DEV / "nvidiactl").exists()
+    log = (node.DEV / "kmsg").read_text()
+    assert "NVRM: GPU 0000:18:00.0: RmInitAdapter failed!" in log
+    assert log.count("RmFetchGspRmImages: No firmware image found") == 8
+    # Its version's firmware in place, the same module starts every GPU.
+    node.unload_module("nvidia")
+    (node.FIRMWARE / "535.309.01").mkdir(parents=True)
+    (node.FIRMWARE / "535.309.01" / "gsp_ga10x.bin").write_bytes(b"")
+    node.load_module("nvidia")
+    assert len(list(node.DEV.glob("nvidia[0-9]*"))) == 8
+
+
+def test_a_turing_gpu_runs_without_gsp_under_the_proprietary_module_only(sim_node, monkeypatch):
+    monkeypatch.setattr(node, "nouveau_blacklisted", lambda: True)
+    sim_node("t4-1", node.InstalledDriver("535.261.03", "proprietary", "package:x"), False)
+    node.load_module("nvidia")
+    assert (node.DEV / "nvidia0").exists()
+    node.unload_module("nvidia")
+    sim_node("t4-1", node.InstalledDriver("535.261.03", "open", "package:x"), False)
+    node.load_module("nvidia")
+    assert not (node.DEV / "nvidia0").exists()
+
+
 def test_kit_refuses_to_run_on_a_host_without_the_marker(tmp_path, monkeypatch):
     monkeypatch.setattr(node, "MARKER", tmp_path / "absent")
     with pytest.raises(node.NotASimulatedNode, match="refusing to run"):

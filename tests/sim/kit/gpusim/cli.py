@@ -91,8 +91,10 @@ def persistenced(argv: Sequence[str]) -> int:
     os.setsid()
     flag = node.RUN / "persistence-mode"
     # Like the real daemon, hold every GPU's device file open while running: the
-    # module cannot be unloaded under it.
-    held = [path.open("rb") for path in node.device_files("nvidia", node.profile())]
+    # module cannot be unloaded under it. (A GPU that failed to start has none here.)
+    held = [
+        path.open("rb") for path in node.device_files("nvidia", node.profile()) if path.exists()
+    ]
 
     def stop(_signum: int, _frame: object) -> None:
         flag.unlink(missing_ok=True)

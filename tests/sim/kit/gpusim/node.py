@@ -40,6 +40,10 @@ STATE = Path(os.environ.get("GPUSIM_STATE", "/var/lib/gpusim"))
 # left out.
 PROC_DRIVER = Path(os.environ.get("GPUSIM_PROC_DRIVER", "/proc/driver"))
 DEV = Path(os.environ.get("GPUSIM_DEV", "/dev"))
+# Where each driver version's GSP firmware is (Debian's firmware-nvidia-gsp installs
+# /lib/firmware/nvidia/<version>/gsp_ga10x.bin and gsp_tu10x.bin): the real files,
+# which the simulated module looks for as the real one does when it starts a GPU.
+FIRMWARE = Path(os.environ.get("GPUSIM_FIRMWARE", "/lib/firmware/nvidia"))
 # The real driver's device files are character devices of major 195 (and a dynamic
 # major for nvidia-uvm), which the host kernel under a container has no driver for:
 # opening one fails. A simulated node's are character devices numbered like
@@ -583,13 +587,34 @@ def load_module(requested: str) -> None:
 
     kind = "Open Kernel Module" if driver.module_type == "open" else "Kernel Module"
     faults.log_kernel(f"NVRM: loading NVIDIA UNIX x86_64 {kind}  {driver.version}  Release Build")
+    failed = _gpus_without_firmware(prof, driver)
+    for gpu in failed:
+        said = f"NVRM: GPU {gpu.sysfs_name}: "
+        faults.log_kernel(said + "RmFetchGspRmImages: No firmware image found")
+        faults.log_kernel(said + "RmInitAdapter failed! (0x61:0x56:1697)", 3)
     _nvml_dir().mkdir(parents=True, exist_ok=True)
     (_nvml_dir() / "driver").write_text(
         f"cuda={_cuda_number(prof.cuda_version(driver.version))}\n", encoding="utf-8"
     )
-    _create_device_files(device_files("nvidia", prof))
+    # A real GPU that failed to start keeps its device file, and opening it fails; a
+    # simulated one cannot fail to open (see DEVICE_NUMBERS), so it has none.
+    absent = {DEV / f"nvidia{gpu.index}" for gpu in failed}
+    _create_device_files([path for path in device_files("nvidia", prof) if path not in absent])
     _write_proc_driver(prof)
     _create_device_files(_instance_cap_files(prof))
+
+
+def _gpus_without_firmware(prof: profiles.Profile, driver: InstalledDriver) -> list[profiles.Gpu]:
+    """The GPUs the module cannot start for want of its version's GSP firmware: every
+    GPU under the open module, Hopper and later under the proprietary one (which
+    runs the others without GSP). A pre-installed driver brought its own."""
+    if driver.source == "preinstalled" or any((FIRMWARE / driver.version).glob("gsp_*.bin")):
+        return []
+    return [
+        gpu
+        for gpu in prof.gpus
+        if driver.module_type == "open" or gpu.architecture in ("Hopper", "Blackwell")
+    ]
 
 
 def create_instance_device_files() -> None:
