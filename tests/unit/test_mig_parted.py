@@ -117,6 +117,28 @@ def test_mig_parted_applies_a_layout_and_asserts_it(mig_node):
     assert current(mig_node) == [{"devices": "all", "mig-enabled": False, "mig-devices": {}}]
 
 
+def test_a_layout_change_that_fails_half_way_can_be_undone_from_its_export(mig_node, tmp_path):
+    """What the MIG stage does when an apply fails: the layout exported before it
+    (config `current`) applied again puts every GPU back, the one changed already too."""
+    from gpusim import faults
+
+    mig_node("a100-pcie-2")
+    config = str(mig_node.config)
+    assert mig_node.run("apply", "-f", config, "-c", "all-balanced").returncode == 0
+    before = mig_node.run("export")
+    (tmp_path / "before.yaml").write_text(before.stdout)
+
+    faults.inject(node.profile(), "gi-create-error", 1)
+    failed = mig_node.run("apply", "-f", config, "-c", "all-1g.5gb")
+    assert failed.returncode != 0
+    assert "Error creating GPU instance for '1g.5gb': ERROR_UNKNOWN" in failed.stderr
+    assert current(mig_node) != yaml.safe_load(before.stdout)["mig-configs"]["current"]
+
+    restored = mig_node.run("apply", "-f", str(tmp_path / "before.yaml"), "-c", "current")
+    assert restored.returncode == 0, restored.stderr
+    assert mig_node.run("assert", "-f", config, "-c", "all-balanced").returncode == 0
+
+
 def test_a_held_gpu_keeps_its_mig_mode_change_pending(mig_node):
     """NVML makes a MIG mode change current only when nothing else holds the GPU; then
     mig-parted resets the GPUs, which fails while one is held. The mode stays pending

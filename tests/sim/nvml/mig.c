@@ -646,6 +646,19 @@ EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceRemainingCapacity(nvmlDevice_t devic
     return NVML_SUCCESS;
 }
 
+/* A fault injected by `gpusim fault gi-create-error`: the next GPU instance created on
+ * that GPU fails, once (nvml/gi-create-error holds its index and goes with it), as a
+ * transient error of the real library's does. */
+static int take_create_error(unsigned int index)
+{
+    char line[32], path[PATH_MAX];
+    if (!read_line("nvml/gi-create-error", line, sizeof line) || strtoul(line, NULL, 10) != index)
+        return 0;
+    if (run_path(path, sizeof path, "nvml/gi-create-error"))
+        unlink(path);
+    return 1;
+}
+
 static nvmlReturn_t create_gi(nvmlDevice_t device, unsigned int id, const nvmlGpuInstancePlacement_t *placement,
                               nvmlGpuInstance_t *out)
 {
@@ -662,6 +675,8 @@ static nvmlReturn_t create_gi(nvmlDevice_t device, unsigned int id, const nvmlGp
         rc = NVML_ERROR_NOT_SUPPORTED;
     else if (index < 0)
         rc = NVML_ERROR_INVALID_ARGUMENT;
+    else if (take_create_error(gpu->index))
+        rc = NVML_ERROR_UNKNOWN;
     else {
         const struct gi_profile *p = &mig[n].profiles[index];
         int valid = !placement;

@@ -19,7 +19,16 @@ from pathlib import Path
 
 from . import node, profiles
 
-KINDS = ("xid", "ecc-dbe", "remap-pending", "remap-failure", "lost", "throttle", "pcie-degraded")
+KINDS = (
+    "xid",
+    "ecc-dbe",
+    "remap-pending",
+    "remap-failure",
+    "lost",
+    "throttle",
+    "pcie-degraded",
+    "gi-create-error",
+)
 # The simulated driver's words for the Xids it logs (ours, in the shape of the driver's).
 _XID_TEXT = {
     13: "Graphics SM Warp Exception on (GPC 0, TPC 0, SM 0): Out Of Range Address",
@@ -115,6 +124,12 @@ def inject(prof: profiles.Profile, kind: str, index: int, code: int | None = Non
     if index not in gpus:
         raise ValueError(f"no GPU {index} on this node (it has {len(gpus)})")
     gpu = gpus[index]
+    if kind == "gi-create-error":
+        # Not the board's: one NVML call fails, once (tests/sim/nvml/mig.c).
+        directory = node.RUN / "nvml"
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "gi-create-error").write_text(f"{index}\n", encoding="utf-8")
+        return f"GPU {index} ({gpu.sysfs_name}): the next GPU instance created fails"
     faults = _load()
     board = faults.setdefault(str(index), {})
     xid = None
