@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 import subprocess
 import time
@@ -133,6 +134,28 @@ def test_a_gpu_held_by_an_unknown_process_stops_the_change_naming_it(host):
         assert never_stopped == persistenced != "0"
     finally:
         host.run("systemctl stop gpufleet-test-holder")
+
+
+def test_a_layout_change_that_fails_half_way_puts_the_previous_layout_back(host):
+    """NVML fails the next GPU instance made on GPU 7 (a fault of the simulation's):
+    mig-parted has laid out GPUs 0-6 anew when it stops. The stage applies the layout
+    it exported before the change, so every GPU holds the one it had, and says so."""
+    host.run_expect([0], "/opt/gpusim/bin/gpusim fault gi-create-error --gpu 7")
+    failed = converge(["--limit", H100, "-e", "mig_config=all-1g.10gb"])
+    outcome = stage_of(failed, H100, "mig_stage")
+    assert outcome["status"] == "failed"
+    said = re.match(
+        r"Fail when mig-parted could not apply the layout: nvidia-mig-parted apply "
+        r"all-1g\.10gb failed on gpufleet-drv-h100 \(exit \d+\), and the previous "
+        r"layout was put back: (.*)",
+        outcome["reason"],
+    )
+    assert said, outcome["reason"]
+    # mig-parted's own error lines, not its warnings.
+    assert "WARNING" not in said[1], said[1]
+    assert "Error creating GPU instance for '1g.10gb': ERROR_UNKNOWN" in said[1]
+    assert _mig_devices(host) == [BALANCED] * 8
+    assert host.service("nvidia-persistenced").is_running
 
 
 def test_a_mode_change_waiting_for_a_reset_waits_for_a_reboot(host):
@@ -375,3 +398,37 @@ def test_a_node_left_between_two_drivers_is_finished_by_the_next_run(host):
         assert version(host, name).startswith("535.309.01-"), name
     assert {*HELD, FABRIC_MANAGER} <= held(host)
     assert host.service("nvidia-fabricmanager").is_running
+
+
+# dpkg leaves out what matches a path-exclude (as minimal images do with firmware).
+NO_FIRMWARE = "/etc/dpkg/dpkg.cfg.d/zz-test-no-gsp-firmware"
+
+
+def test_a_new_driver_that_does_not_start_the_gpus_is_rolled_back(host):
+    """535.261.03's GSP firmware left out by a dpkg path-exclude: the downgrade
+    installs, its module loads and its services start, but no Hopper GPU starts
+    without the firmware (the kernel log says RmInitAdapter failed) and nvidia-smi
+    answers for none. The stage takes the loaded module out and puts 535.309.01 back."""
+    assert _loaded(host) == "535.309.01"
+    pin = host.file(PIN).content_string
+    host.run_expect([0], f"echo 'path-exclude=*/firmware/nvidia/535.261.03/*' > {NO_FIRMWARE}")
+    try:
+        run = converge(["--limit", H100, "-e", "driver_version=535.261.03"], playbook=DRIVER_ONLY)
+    finally:
+        host.run_expect([0], f"rm -f {NO_FIRMWARE}")
+    outcome = stage_of(run, H100)
+    assert outcome["status"] == "failed"
+    assert outcome["reason"].startswith("Check that the new driver answers for every GPU: ")
+    assert outcome["reason"].endswith("; rolled back to 535.309.01")
+    kernel_log = host.check_output("cat /dev/kmsg")
+    assert "NVRM: GPU 0000:18:00.0: RmInitAdapter failed!" in kernel_log
+    assert _loaded(host) == "535.309.01"
+    uuids = host.check_output("nvidia-smi --query-gpu=uuid --format=csv,noheader")
+    assert len(uuids.splitlines()) == 8
+    for name in (*HELD, FABRIC_MANAGER):
+        assert version(host, name).startswith("535.309.01-"), name
+    assert {*HELD, FABRIC_MANAGER} <= held(host)
+    assert host.file(PIN).content_string == pin
+    for unit in ("nvidia-persistenced", "nvidia-fabricmanager"):
+        assert host.service(unit).is_running
+    assert host.file(READY).exists
