@@ -7,7 +7,8 @@
 Each lane is a list of Makefile targets run one after another (`make TARGET`); lanes run
 at the same time. The simulated nodes spend much of a run waiting (on systemd, on apt,
 on a backoff), so two lanes keep two cores busier than one. Every line a part prints is
-shown as it comes, prefixed with the part's name; a lane stops at its first failing part,
+shown as it comes, prefixed with the part's name and the minutes and seconds since the
+suite began (so a log says where the time went); a lane stops at its first failing part,
 the other lanes go on, so one run reports every lane's failure. Parts that share
 something exclusive (the test control plane) take a lock for it themselves.
 """
@@ -42,7 +43,7 @@ def _say(line: str) -> None:
         sys.stdout.flush()
 
 
-def _run_part(part: Part, make: list[str]) -> bool:
+def _run_part(part: Part, make: list[str], suite_started: float) -> bool:
     width = 16
     prefix = f"[{part.target}]".ljust(width)
     started = time.monotonic()
@@ -58,17 +59,22 @@ def _run_part(part: Part, make: list[str]) -> bool:
     )
     assert process.stdout is not None
     for line in process.stdout:
-        _say(f"{prefix} {line}" if line.endswith("\n") else f"{prefix} {line}\n")
+        stamp = _clock(time.monotonic() - suite_started)
+        _say(f"{prefix} {stamp} {line.rstrip(chr(10))}\n")
     returncode = process.wait()
     part.seconds = time.monotonic() - started
     part.result = "passed" if returncode == 0 else f"FAILED ({returncode})"
     return returncode == 0
 
 
-def _run_lane(parts: list[Part], make: list[str]) -> None:
+def _run_lane(parts: list[Part], make: list[str], suite_started: float) -> None:
     for part in parts:
-        if not _run_part(part, make):
+        if not _run_part(part, make, suite_started):
             return
+
+
+def _clock(seconds: float) -> str:
+    return f"{int(seconds // 60):02d}:{int(seconds % 60):02d}"
 
 
 def _minutes(seconds: float) -> str:
@@ -91,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         for index, spec in enumerate(args.lane, start=1)
     ]
     started = time.monotonic()
-    threads = [threading.Thread(target=_run_lane, args=(lane, make)) for lane in lanes]
+    threads = [threading.Thread(target=_run_lane, args=(lane, make, started)) for lane in lanes]
     for thread in threads:
         thread.start()
     for thread in threads:
