@@ -9,21 +9,25 @@ at the same time. The simulated nodes spend much of a run waiting (on systemd, o
 on a backoff), so two lanes keep two cores busier than one. Every line a part prints is
 shown as it comes, prefixed with the part's name and the minutes and seconds since the
 suite began (so a log says where the time went); a lane stops at its first failing part,
-the other lanes go on, so one run reports every lane's failure. Parts that share
-something exclusive (the test control plane) take a lock for it themselves.
+the other lanes go on, so one run reports every lane's failure, and the summary at the
+end first repeats the last lines of each failed part (a log's tail then says why, even when
+another lane went on printing long after). Parts that share something exclusive (the
+test control plane) take a lock for it themselves.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 PROJECT = Path(__file__).resolve().parents[2]
+TAIL = 40  # lines of a failed part repeated in the summary
 
 
 @dataclass
@@ -32,6 +36,7 @@ class Part:
     target: str
     result: str = "not run"
     seconds: float = 0.0
+    tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=TAIL))
 
 
 _print_lock = threading.Lock()
@@ -59,8 +64,9 @@ def _run_part(part: Part, make: list[str], suite_started: float) -> bool:
     )
     assert process.stdout is not None
     for line in process.stdout:
-        stamp = _clock(time.monotonic() - suite_started)
-        _say(f"{prefix} {stamp} {line.rstrip(chr(10))}\n")
+        line = f"{_clock(time.monotonic() - suite_started)} {line.removesuffix(chr(10))}"
+        part.tail.append(line)
+        _say(f"{prefix} {line}\n")
     returncode = process.wait()
     part.seconds = time.monotonic() - started
     part.result = "passed" if returncode == 0 else f"FAILED ({returncode})"
@@ -105,6 +111,10 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.monotonic() - started
 
     parts = [part for lane in lanes for part in lane]
+    for part in parts:
+        if part.result.startswith("FAILED"):
+            print(f"\nmake test: the last {len(part.tail)} lines of {part.target}:")
+            print("\n".join(f"  {line}" for line in part.tail))
     print("\nmake test: what each part took (lanes ran side by side)")
     print(f"  {'lane':<5} {'part':<18} {'result':<12} {'time':>7}")
     for part in parts:
