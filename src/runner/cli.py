@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import yaml
 
@@ -33,6 +34,7 @@ from runner.arguments import build_parser
 from runner.engine import DEFAULT_HOSTS, AnsibleEngine, EngineError, InventoryError
 from runner.lock import InventoryLock, LockHeld
 from runner.output import Exit, Kind, document, program
+from runner.progress import LiveProgress, LogProgress, Progress
 from runner.reconcile import (
     CycleReport,
     LogObserver,
@@ -69,17 +71,32 @@ class UsageError(Exception):
 
 class _JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        return json.dumps(
-            {
-                "time": round(record.created, 3),
-                "level": record.levelname.lower(),
-                "message": record.getMessage(),
-            }
-        )
+        line = {
+            "time": round(record.created, 3),
+            "level": record.levelname.lower(),
+            "message": record.getMessage(),
+        }
+        progress = getattr(record, "progress", None)  # runner.progress's fields
+        if progress is not None:
+            line["progress"] = progress
+        return json.dumps(line)
+
+
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever sys.stderr is when a line is logged: while a live
+    progress table stands, rich's stand-in, which puts the line above the table."""
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
 
 
 def _setup_logging(fmt: str, quiet: bool) -> None:
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _StderrHandler()
     handler.setFormatter(
         _JsonFormatter()
         if fmt == "json"
@@ -271,7 +288,7 @@ def _engine(
         hosts=args.hosts,
         options=options,
         vault_options=vault,
-        progress=None if args.quiet else _progress,
+        progress=_progress(args),
         cancel=lambda: stop.urgent,
     )
 
@@ -292,8 +309,18 @@ def _observers(args: argparse.Namespace, once: bool) -> list[Observer]:
     return observers
 
 
-def _progress(host: str, text: str) -> None:
-    log.info("  %s: %s", host, text)
+def _progress(args: argparse.Namespace) -> Progress:
+    """How runs show their progress: not at all with -q; a live table where stderr
+    is a terminal and log lines are text; log lines otherwise."""
+    if args.quiet:
+        return Progress()
+    if args.log_format == "text":
+        from rich.console import Console
+
+        console = Console(stderr=True)
+        if console.is_terminal and not console.is_dumb_terminal:
+            return LiveProgress(console)
+    return LogProgress()
 
 
 def _exit_for(report: CycleReport, hosts: dict[str, HostRecord], settings: Settings) -> int:

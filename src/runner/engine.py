@@ -12,7 +12,6 @@ loop a fake one).
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import logging
 import os
@@ -26,6 +25,13 @@ from typing import Any, Protocol
 
 from runner import inventory as in_process
 from runner import site
+from runner.desired import (
+    desired_hash,
+    project_files,
+    project_fingerprint,
+    project_hash,
+)
+from runner.progress import Progress
 from runner.runs import (
     CLUSTER_HOST,
     CLUSTER_PROBE_FACT,
@@ -38,7 +44,6 @@ from runner.runs import (
     EventCollector,
     HostRun,
     ProbeResult,
-    ProgressCallback,
     RunResult,
     collected,
     stage_passed,
@@ -70,17 +75,6 @@ __all__ = [
 
 log = logging.getLogger("runner")
 
-# What the project's playbooks and roles are made of: their hash is part of every
-# host's desired state, so editing a role makes every host due for a plan.
-# The same in a checkout and in the installed package (runner/project): the collection,
-# not the execution environment's build files beside it.
-PROJECT_PARTS = (
-    "site.yml",
-    "playbooks",
-    "roles",
-    "collections/ansible_collections",
-    "ansible.cfg",
-)
 # The tag of playbooks/report.yml's verdict, which fails the run once (on whichever
 # host comes first) for a stage that failed anywhere: it says nothing about that
 # host, and the runner reads each stage's outcome itself, so its runs skip it.
@@ -148,48 +142,6 @@ class Engine(Protocol):
         ...
 
 
-def project_files(root: Path) -> list[Path]:
-    """Every file the playbooks run (roles, collection, playbooks), in hashing order;
-    not their documentation or the collection's changelog, which change no run
-    (editing a role's README must not re-plan the fleet)."""
-    files: list[Path] = []
-    for part in PROJECT_PARTS:
-        base = root / part
-        paths = [base] if base.is_file() else sorted(p for p in base.rglob("*") if p.is_file())
-        files.extend(
-            path
-            for path in paths
-            if not {"__pycache__", "changelogs"} & set(path.parts)
-            and path.suffix not in (".md", ".rst")
-        )
-    return files
-
-
-def project_hash(root: Path, files: Iterable[Path] | None = None) -> str:
-    """A hash of the project's `files` (default: project_files(root))."""
-    digest = hashlib.sha256()
-    for path in project_files(root) if files is None else files:
-        digest.update(str(path.relative_to(root)).encode() + b"\0")
-        digest.update(hashlib.sha256(path.read_bytes()).digest())
-    return digest.hexdigest()
-
-
-def project_fingerprint(files: Iterable[Path]) -> tuple[tuple[str, int, int, int], ...]:
-    """What changes when a project file is edited, added or removed, without reading
-    any: each file's path, size, mtime and ctime (a copy that keeps the mtime, such as
-    rsync -t or cp -p, still sets the ctime)."""
-    found = []
-    for path in files:
-        stat = path.stat()
-        found.append((str(path), stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns))
-    return tuple(found)
-
-
-def desired_hash(project: str, hostvars: Mapping[str, Any]) -> str:
-    text = json.dumps(hostvars, sort_keys=True, default=str)
-    return hashlib.sha256(f"{project}\0{text}".encode()).hexdigest()
-
-
 class AnsibleEngine:
     """Runs the project's playbooks against one inventory with ansible-runner."""
 
@@ -201,7 +153,7 @@ class AnsibleEngine:
         keep_runs: int = 10,
         forks: int | None = None,
         extravars: Mapping[str, Any] | None = None,
-        progress: ProgressCallback | None = None,
+        progress: Progress | None = None,
         cancel: Callable[[], bool] | None = None,
         hosts: str = DEFAULT_HOSTS,
         options: Sequence[str] = (),
@@ -357,41 +309,48 @@ class AnsibleEngine:
 
     def _run(
         self,
+        name: str,
         playbook: str,
         hosts: Sequence[str],
         cmdline: Iterable[str] = (),
         extravars: Mapping[str, Any] | None = None,
     ) -> EventCollector:
+        """Run `playbook` on `hosts`; `name` says in progress lines what the run is."""
         import ansible_runner  # imported late: it is slow to import and not always needed
 
         ident = uuid.uuid4().hex  # the run's artifacts directory, known before it starts
-        collector = EventCollector(self.progress, self.work_dir / "artifacts" / ident / "stdout")
+        progress = self.progress.run(name, hosts) if self.progress else None
+        collector = EventCollector(progress, self.work_dir / "artifacts" / ident / "stdout")
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        runner = ansible_runner.run(
-            ident=ident,
-            private_data_dir=str(self.work_dir),
-            project_dir=str(self.cwd),
-            playbook=str(self.project / playbook),
-            inventory=str(Path(self.inventory_path).resolve()),
-            limit=",".join(hosts),
-            forks=self.forks or self._inventory_forks or default_forks(len(hosts)),
-            cmdline=shlex.join([*cmdline, *self.options, "--skip-tags", VERDICT_TAG]),
-            extravars={HOSTS_VARIABLE: self.hosts, **self.extravars, **(extravars or {})},
-            envvars=self._env(),
-            rotate_artifacts=self.keep_runs,
-            quiet=True,
-            event_handler=collector,
-            cancel_callback=self.cancel,
-            suppress_env_files=True,
-        )
-        collector.finish(runner.status)
-        if runner.status in ("failed", "successful", "canceled"):
+        status = "error"  # ansible-runner's, once it has one
+        try:
+            runner = ansible_runner.run(
+                ident=ident,
+                private_data_dir=str(self.work_dir),
+                project_dir=str(self.cwd),
+                playbook=str(self.project / playbook),
+                inventory=str(Path(self.inventory_path).resolve()),
+                limit=",".join(hosts),
+                forks=self.forks or self._inventory_forks or default_forks(len(hosts)),
+                cmdline=shlex.join([*cmdline, *self.options, "--skip-tags", VERDICT_TAG]),
+                extravars={HOSTS_VARIABLE: self.hosts, **self.extravars, **(extravars or {})},
+                envvars=self._env(),
+                rotate_artifacts=self.keep_runs,
+                quiet=True,
+                event_handler=collector,
+                cancel_callback=self.cancel,
+                suppress_env_files=True,
+            )
+            status = runner.status
+        finally:
+            collector.finish(status)
+        if status in ("failed", "successful", "canceled"):
             return collector
         output = runner.stdout.read() if runner.stdout else ""
-        raise EngineError(f"ansible-playbook {playbook} did not run ({runner.status}): {output}")
+        raise EngineError(f"ansible-playbook {playbook} did not run ({status}): {output}")
 
     def check_settings(self, hosts: Sequence[str]) -> dict[str, str]:
-        collector = self._run("playbooks/settings.yml", hosts)
+        collector = self._run("settings", "playbooks/settings.yml", hosts)
         return {
             host: "; ".join(run.failures)
             for host, run in sorted(collector.hosts.items())
@@ -399,7 +358,7 @@ class AnsibleEngine:
         }
 
     def probe(self, hosts: Sequence[str], cluster: bool = False) -> dict[str, ProbeResult]:
-        collector = self._run("playbooks/probe.yml", _with_cluster(hosts, cluster))
+        collector = self._run("probe", "playbooks/probe.yml", _with_cluster(hosts, cluster))
         results = dict(collector.probes)
         for host in _with_cluster(hosts, cluster):
             failures = collector.hosts[host].failures if host in collector.hosts else []
@@ -416,7 +375,8 @@ class AnsibleEngine:
             # none: name localhost as a host of its own.
             playbook = "playbooks/k8s_manifests.yml"
             cmdline += ["-i", f"{CLUSTER_HOST},"]
-        collector = self._run(playbook, _with_cluster(hosts, cluster), cmdline)
+        name = "plan" if check else "apply"
+        collector = self._run(name, playbook, _with_cluster(hosts, cluster), cmdline)
         result = collected(collector, hosts)
         if cluster:
             result.cluster = collector.hosts.get(CLUSTER_HOST) or HostRun(
@@ -433,6 +393,7 @@ class AnsibleEngine:
 
     def node_action(self, action: str, hosts: Sequence[str]) -> RunResult:
         collector = self._run(
+            action,
             "playbooks/rollout.yml",
             hosts,
             extravars={"gpufleet_rollout_action": action},
@@ -441,6 +402,7 @@ class AnsibleEngine:
 
     def slurm_action(self, action: str, hosts: Sequence[str], reason: str = "") -> RunResult:
         collector = self._run(
+            f"slurm {action}",
             "playbooks/slurm_drain.yml",
             hosts,
             extravars={
@@ -456,6 +418,7 @@ class AnsibleEngine:
     def remediate(self, remedies: Mapping[str, Mapping[str, Any]]) -> RunResult:
         hosts = sorted(remedies)
         collector = self._run(
+            "remediate",
             "playbooks/remediate.yml",
             hosts,
             extravars={"gpufleet_remedies": {h: dict(remedies[h]) for h in hosts}},

@@ -9,10 +9,13 @@ from __future__ import annotations
 import difflib
 import logging
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from runner.progress import RunProgress
 
 log = logging.getLogger("runner")
 
@@ -138,9 +141,6 @@ class RunResult:
     cluster: HostRun | None = None
 
 
-ProgressCallback = Callable[[str, str], None]
-
-
 # What ansible-core wraps around an error raised while it templates a task; the
 # words the role wrote come after the last of these. The collection's failure_reason
 # filter (plugins/filter/failures.py, WRAPPING) strips the same for stage outcomes; a
@@ -191,9 +191,7 @@ def _diff_text(res: Mapping[str, Any]) -> str:
 class EventCollector:
     """Turns ansible-runner events into HostRun results as they arrive."""
 
-    def __init__(
-        self, progress: ProgressCallback | None = None, output: Path | None = None
-    ) -> None:
+    def __init__(self, progress: RunProgress | None = None, output: Path | None = None) -> None:
         self.hosts: dict[str, HostRun] = {}
         self.probes: dict[str, ProbeResult] = {}
         # ansible-runner's verdict on the whole run, once it has ended.
@@ -215,6 +213,10 @@ class EventCollector:
         kind = event.get("event", "")
         data = event.get("event_data") or {}
         host = data.get("host")
+        if host and kind == "runner_on_start" and self._progress is not None:
+            # Where the host is: its stage (a role) or, outside roles, its play.
+            where = data.get("role") or data.get("play") or ""
+            self._progress.task_started(host, where, data.get("task") or "")
         if not host or kind not in ("runner_on_ok", "runner_on_failed", "runner_on_unreachable"):
             return True
         self._host(host)  # reached (or tried): known to the run's result
@@ -231,7 +233,9 @@ class EventCollector:
         run.reachable = False
         run.failures.append(f"unreachable: {res.get('msg', '')}".strip())
         self.probes[host] = ProbeResult(host, reachable=False, reason=str(res.get("msg")))
-        self._say(host, "unreachable")
+        self._say(host, "unreachable", failed=True)
+        if self._progress is not None:
+            self._progress.host_through(host, "unreachable")
 
     def _failed(self, host: str, data: Mapping[str, Any]) -> None:
         if data.get("ignore_errors"):
@@ -244,12 +248,14 @@ class EventCollector:
         # A refusal raised while templating (a filter of the role's) is in the role's
         # words alone; a module's failure says which task it was.
         failure = f"{where}{unwrapped}" if unwrapped != message else f"{where}{task}: {message}"
-        if role in STAGES and role not in run.stages:
+        # A stage's failure counts once its outcome says what it means.
+        awaiting = role in STAGES and role not in run.stages
+        if awaiting:
             self._unanswered.setdefault((host, role), []).append(failure)
         else:
             run.failures.append(failure)
         output = f"; Ansible's output: {self._output}" if self._output else ""
-        self._say(host, f"failed: {where}{task}{output}")
+        self._say(host, f"failed: {where}{task}{output}", failed=not awaiting)
 
     def _ok(self, host: str, data: Mapping[str, Any]) -> None:
         """A task's result: a probe's, a cordon's, a Slurm or cluster fact, a stage's
@@ -260,6 +266,8 @@ class EventCollector:
         action = data.get("resolved_action") or data.get("task_action")
         if action == PROBE_MODULE and "drifted" in res:
             self.probes[host] = _probe_result(host, res)
+            if self._progress is not None:
+                self._progress.host_through(host)
         elif action == ROLLOUT_MODULE:
             run.action_changed = bool(res.get("changed"))
         elif isinstance(facts.get(SLURM_FACT), Mapping):
@@ -284,7 +292,10 @@ class EventCollector:
             if isinstance(outcome, Mapping):
                 run.stages[stage] = dict(outcome)
                 self._unanswered.pop((host, stage), None)
-                self._say(host, f"{stage}: {outcome.get('status')}")
+                status = outcome.get("status")
+                self._say(host, f"{stage}: {status}", failed=status == "failed")
+                if stage == STAGES[-1] and self._progress is not None:
+                    self._progress.host_through(host)
 
     def finish(self, status: str) -> None:
         """The run ended with ansible-runner's `status`: failures no stage outcome
@@ -292,11 +303,16 @@ class EventCollector:
         self.status = status
         for (host, _role), failures in sorted(self._unanswered.items()):
             self._host(host).failures.extend(failures)
+            if self._progress is not None:
+                self._progress.fail(host)
         self._unanswered.clear()
-
-    def _say(self, host: str, text: str) -> None:
         if self._progress is not None:
-            self._progress(host, text)
+            self._progress.ended(status)
+            self._progress = None
+
+    def _say(self, host: str, text: str, failed: bool = False) -> None:
+        if self._progress is not None:
+            self._progress.said(host, text, failed)
 
 
 def _probe_result(host: str, res: Mapping[str, Any]) -> ProbeResult:

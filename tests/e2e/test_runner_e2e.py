@@ -10,14 +10,20 @@ node behind it. What a user would notice is asserted: exit codes, what `status` 
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
+import pty
+import re
+import select
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
+import termios
 import time
 import tomllib
 import urllib.parse
@@ -33,6 +39,12 @@ PROJECT = Path(__file__).resolve().parents[2]
 FLEET = [sys.executable, str(PROJECT / "tests" / "sim" / "fleet.py")]
 NODES = {"e2e-t4": "t4-1", "e2e-cpu": "none"}
 GONE = "e2e-gone"
+# Long backoff: a failed host stays skipped for the rest of the module.
+BACKOFF = ("--backoff-base", "3000", "--backoff-cap", "3000")
+# What a terminal is told besides text (CSI sequences): those that move the cursor
+# or erase a line end a line here, the others (colours) go.
+MOVES = re.compile(r"\x1b\[[0-9;]*[ABJK]|\r")
+ESCAPES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 pytestmark = pytest.mark.fleet
 
@@ -60,8 +72,40 @@ class Fleet:
         )
 
     def reconcile(self, *args: str) -> subprocess.CompletedProcess[str]:
-        # Long backoff: a failed host stays skipped for the rest of the module.
-        return self.runner("reconcile", "--backoff-base", "3000", "--backoff-cap", "3000", *args)
+        return self.runner("reconcile", *BACKOFF, *args)
+
+    def reconcile_in_terminal(self, *args: str, timeout: float = 900) -> tuple[int, str]:
+        """`reconcile` as a user runs it in a terminal: stdout and stderr on a
+        pseudo-terminal of 120 columns. Its exit code and all the terminal got, with
+        the escape sequences that draw and erase taken out."""
+        command = [sys.executable, "-m", "runner", "reconcile", *BACKOFF, *args, *self._where()]
+        master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+        env = {**os.environ, "TERM": "xterm-256color"}
+        proc = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, cwd=PROJECT, env=env
+        )
+        os.close(slave)
+        got = bytearray()
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline:
+                if select.select([master], [], [], 1)[0]:
+                    try:
+                        chunk = os.read(master, 65536)
+                    except OSError:  # EIO: the program has closed the terminal
+                        break
+                    if not chunk:
+                        break
+                    got += chunk
+                elif proc.poll() is not None:
+                    break
+            code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        finally:
+            os.close(master)
+            if proc.poll() is None:
+                proc.kill()
+        return code, ESCAPES.sub("", MOVES.sub("\n", got.decode(errors="replace")))
 
     def site(self, host: str, extra_vars: dict) -> subprocess.CompletedProcess[str]:
         """One `ansible-playbook site.yml` pass on `host`, as a user runs it by hand."""
@@ -137,10 +181,18 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
 
 
 def test_first_cycle_converges_the_fleet_and_the_unreachable_host_backs_off(fleet: Fleet):
-    result = fleet.reconcile("--once")
-    assert result.returncode == 1, result.stdout + result.stderr
+    # In a terminal, as a new user first runs it: a live row per host at its stage.
+    code, screen = fleet.reconcile_in_terminal("--once")
+    assert code == 1, screen
+    rows = [line.split() for line in screen.splitlines()]
+    assert any(row[:3] == ["e2e-t4", "driver", "(1/8)"] for row in rows), screen
+    assert re.search(r"^apply: 0 of 2 hosts through \(0:0\d\)\s*$", screen, re.M), screen
+    ended = r"apply: 2 of 2 hosts through \(\d+:\d\d\); successful\s*$"
+    assert re.search(ended, screen, re.M), screen
+    # The cycle's summary comes once the table is gone.
+    assert screen.rindex("cycle: 3 probed") > screen.rindex("apply: 2 of 2 hosts through")
     status = fleet.status()
-    assert status["e2e-t4"]["status"] == "converged", result.stdout
+    assert status["e2e-t4"]["status"] == "converged", screen
     assert set(status["e2e-t4"]["stages"].values()) == {"ready", "disabled"}
     assert status["e2e-t4"]["stages"]["mig"] == "disabled"  # no mig_config: MIG left alone
     assert status["e2e-cpu"]["status"] == "not-a-gpu-node"

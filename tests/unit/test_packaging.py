@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import PROJECT
-from runner.engine import project_files, project_hash
+from runner.desired import project_files, project_hash
 
 
 @pytest.fixture(scope="module")

@@ -33,6 +33,7 @@ from runner.engine import (
     project_hash,
     stage_passed,
 )
+from runner.progress import Progress, RunProgress
 from runner.runs import REMEDY_FACT
 
 PROJECT = Path(__file__).resolve().parents[2]
@@ -576,10 +577,13 @@ def test_a_failed_tasks_progress_line_names_the_runs_ansible_output(tmp_path: Pa
         f"      ansible_python_interpreter: {sys.executable}\n"
     )
     said: list[tuple[str, str]] = []
-    engine = AnsibleEngine(
-        project, str(inventory), tmp_path / "ansible", progress=lambda *line: said.append(line)
-    )
-    engine._run("fail.yml", ["n1"])
+
+    class Said(Progress):
+        def said(self, run: RunProgress, host: str, text: str) -> None:
+            said.append((host, text))
+
+    engine = AnsibleEngine(project, str(inventory), tmp_path / "ansible", progress=Said())
+    engine._run("apply", "fail.yml", ["n1"])
     ((host, line),) = [(h, t) for h, t in said if t.startswith("failed:")]
     assert host == "n1" and line.startswith("failed: Fail here; Ansible's output: "), line
     output = Path(line.split("Ansible's output: ", 1)[1])
