@@ -25,6 +25,8 @@ log = logging.getLogger("runner")
 # Host states in a run. A host is through when done, failed through or unreachable.
 WAITING, RUNNING, DONE, UNREACHABLE = "waiting", "running", "done", "unreachable"
 THROUGH = (DONE, UNREACHABLE)
+# The most of a task's name the table shows.
+TASK_WIDTH = 48
 
 
 @dataclass(frozen=True)
@@ -57,8 +59,9 @@ class RunView:
 
     def headline(self) -> str:
         failed = f", {self.failed} failed" if self.failed else ""
+        hosts = "host" if len(self.hosts) == 1 else "hosts"
         return (
-            f"{self.name}: {self.through} of {len(self.hosts)} hosts through{failed} "
+            f"{self.name}: {self.through} of {len(self.hosts)} {hosts} through{failed} "
             f"({clock(self.elapsed)})"
         )
 
@@ -306,9 +309,16 @@ class LiveProgress(Progress):
             runs = list(self._runs)
         for run in runs:
             view = run.view()
-            table = Table(title=view.headline(), title_justify="left", box=None, expand=False)
+            table = Table(title=view.headline(), title_justify="left", title_style="bold", box=None)
             for column in ("host", "stage", "task", "time", "state"):
-                table.add_column(column, no_wrap=True, overflow="ellipsis")
+                # The task's name gives way first on a narrow terminal.
+                table.add_column(
+                    column,
+                    no_wrap=True,
+                    overflow="ellipsis",
+                    max_width=TASK_WIDTH if column == "task" else None,
+                    min_width=len(UNREACHABLE) if column == "state" else None,
+                )
             for line in sorted(view.hosts, key=lambda h: (h.state in THROUGH, h.host)):
                 table.add_row(
                     line.host,

@@ -329,9 +329,19 @@ def check_inotify(nodes: int, limit_file: Path = INOTIFY_LIMIT) -> None:
         )
 
 
+def profiles() -> list[str]:
+    """The GPU profiles a node can boot with (kit/profiles; models.yaml is their
+    catalogue of GPU models, not a profile)."""
+    return sorted(p.stem for p in (KIT_DIR / "profiles").glob("*.yaml") if p.stem != "models")
+
+
 def up(specs: Sequence[NodeSpec], mirror: str, copy_of: str | None = None) -> None:
     if copy_of in {s.name for s in specs}:
         raise FleetError(f"--copy-of {copy_of}: the node copied cannot be one of those started")
+    known = profiles()
+    unknown = [f"{s.name}={s.profile}" for s in specs if s.profile not in known]
+    if unknown:
+        raise FleetError(f"unknown GPU profile: {', '.join(unknown)}; known: {', '.join(known)}")
     running = {n["name"] for n in running_nodes() if n["state"] == "running"}
     check_inotify(len(running | {s.name for s in specs}))
     tag = snapshot(copy_of) if copy_of else build_image(mirror)

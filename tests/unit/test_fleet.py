@@ -77,6 +77,14 @@ def test_a_node_is_not_started_as_a_copy_of_itself() -> None:
         fleet.up([fleet.NodeSpec("a", "t4-1"), fleet.NodeSpec("b", "t4-1")], "mirror", "b")
 
 
+def test_a_node_of_an_unknown_profile_is_refused_before_any_starts() -> None:
+    # Before, it started and ran without a simulated PCI tree: every play on it failed.
+    specs = [fleet.NodeSpec("a", "t4-1"), fleet.NodeSpec("b", "a100-2")]
+    with pytest.raises(fleet.FleetError, match=r"unknown GPU profile: b=a100-2; known: .*t4-1"):
+        fleet.up(specs, "mirror")
+    assert "models" not in fleet.profiles() and "a100-pcie-2" in fleet.profiles()
+
+
 def _fake_kubectl(directory, script: str):
     kubectl = directory / "kubectl"
     kubectl.write_text("#!/bin/sh\n" + script)
