@@ -3,26 +3,32 @@
 """The monitoring the package ships, rendered for a site (`monitoring` verb): the
 Prometheus rules with each alert's `runbook_url` and the site's selector of the
 exporters' scrape job, as a rule file or a Prometheus Operator PrometheusRule; the
-Grafana dashboard, as JSON or a ConfigMap that Grafana's dashboard sidecar loads."""
+Grafana dashboard, as JSON or a ConfigMap that Grafana's dashboard sidecar loads.
+
+The documents and how they are made for a site are the k8s_manifests role's and the
+collection's (roles/k8s_manifests/files/monitoring, module_utils/monitoring.py),
+which the cluster side renders and applies from too; this module reads them from
+the project the reconciler runs (a checkout or the installed package's copy)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
-from importlib import resources
+from functools import cache
+from pathlib import Path
+from types import ModuleType
 from typing import Any
-from urllib.parse import urlsplit
 
 import yaml
 
-# The selector the shipped rules carry: a scrape job whose name contains "dcgm", as
-# the GPU Operator's ServiceMonitor and most scrape configs name the exporters'.
+# The collection's module, found in the project (not imported as a collection:
+# ansible's collection loader is not needed to print a file).
+_MODULE = "collections/ansible_collections/gpufleet/nvidia/plugins/module_utils/monitoring.py"
+_FILES = "roles/k8s_manifests/files/monitoring"
+# The selector the shipped rules carry (module_utils/monitoring.py, which a unit
+# test keeps equal).
 DEFAULT_EXPORTER_JOB = ".*dcgm.*"
-_SHIPPED_SELECTOR = f'job=~"{DEFAULT_EXPORTER_JOB}"'
-# The dashboard's `job` variable: the reconciler's scrape jobs and the exporters'.
-_SHIPPED_JOBS = ".*(gpufleet|dcgm).*"
-# What kube-prometheus-stack's Grafana sidecar looks for by default.
-DASHBOARD_LABEL = ("grafana_dashboard", "1")
 MANAGED_BY = {"app.kubernetes.io/managed-by": "gpufleet"}
 _LABEL_NAME = re.compile(
     r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
@@ -46,57 +52,54 @@ def _yaml(document: Any) -> str:
     return yaml.dump(document, Dumper=_Dumper, sort_keys=False, width=100)
 
 
+def _project() -> Path:
+    from runner.cli import find_project  # the CLI knows where the project is
+
+    return find_project()
+
+
+@cache
+def shared() -> ModuleType:
+    """The collection's module_utils/monitoring.py."""
+    spec = importlib.util.spec_from_file_location("gpufleet_monitoring", _project() / _MODULE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def shipped(name: str) -> str:
+    """A shipped document's text (RULES_FILE or DASHBOARD_FILE)."""
+    return (_project() / _FILES / name).read_text(encoding="utf-8")
+
+
 class MonitoringError(ValueError):
     """A setting of the rendering that cannot be used; the message says which."""
 
 
-def _shipped(name: str) -> str:
-    return (resources.files("runner") / "monitoring" / name).read_text(encoding="utf-8")
-
-
-def check_runbook_url(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc or parts.fragment:
-        raise MonitoringError(
-            f"--runbook-url {url!r}: expected an http(s) URL without a #fragment, where "
-            "docs/monitoring.md is served (each alert's section is appended as #anchor)"
-        )
-    return url
-
-
-def check_exporter_job(regex: str) -> str:
+def _checked(check: str, value: str, option: str) -> str:
     try:
-        re.compile(regex)
-    except re.error as err:
-        raise MonitoringError(f"--exporter-job {regex!r}: not a regular expression: {err}") from err
-    if '"' in regex or "\\" in regex or not regex:
-        raise MonitoringError(
-            f"--exporter-job {regex!r}: expected a non-empty regular expression of the "
-            "exporters' scrape job name without quotes or backslashes, such as 'gpu-metrics'"
-        )
-    return regex
+        return str(getattr(shared(), check)(value, option))
+    except shared().MonitoringError as err:
+        raise MonitoringError(str(err)) from err
 
 
 def rules(runbook_url: str | None = None, exporter_job: str = DEFAULT_EXPORTER_JOB) -> Any:
     """The rule file's document: every alert given `runbook_url` + '#' + its name in
     lower case (the anchor of its section in docs/monitoring.md), and the exporters'
     job matched by `exporter_job`."""
-    data = yaml.safe_load(_shipped("gpufleet-rules.yml"))
-    selector = f'job=~"{check_exporter_job(exporter_job)}"'
-    for group in data["groups"]:
-        for rule in group["rules"]:
-            rule["expr"] = rule["expr"].replace(_SHIPPED_SELECTOR, selector)
-            if runbook_url and "alert" in rule:
-                anchor = rule["alert"].lower()
-                rule["annotations"]["runbook_url"] = f"{check_runbook_url(runbook_url)}#{anchor}"
-    return data
+    if runbook_url:
+        _checked("check_runbook_url", runbook_url, "--runbook-url")
+    _checked("check_exporter_job", exporter_job, "--exporter-job")
+    document = yaml.safe_load(shipped(shared().RULES_FILE))
+    return shared().rules(document, runbook_url, exporter_job)
 
 
 def dashboard(exporter_job: str = DEFAULT_EXPORTER_JOB) -> Any:
     """The dashboard, its `job` variable offering the reconciler's jobs and the
     exporters' (`exporter_job`)."""
-    jobs = f".*gpufleet.*|{check_exporter_job(exporter_job)}"
-    return json.loads(_shipped("gpufleet-dashboard.json").replace(_SHIPPED_JOBS, jobs))
+    _checked("check_exporter_job", exporter_job, "--exporter-job")
+    return shared().dashboard(shipped(shared().DASHBOARD_FILE), exporter_job)
 
 
 def _metadata(name: str, namespace: str | None, labels: dict[str, str]) -> dict[str, Any]:
@@ -124,27 +127,16 @@ def parse_labels(pairs: list[str]) -> dict[str, str]:
 def prometheus_rule(
     document: Any, name: str, namespace: str | None, labels: dict[str, str]
 ) -> dict[str, Any]:
-    """The rule document as the Prometheus Operator's PrometheusRule (its `spec` holds
-    the `groups`); `labels` are those its Prometheus's ruleSelector asks for."""
-    return {
-        "apiVersion": "monitoring.coreos.com/v1",
-        "kind": "PrometheusRule",
-        "metadata": _metadata(name, namespace, labels),
-        "spec": document,
-    }
+    """The rule document as the Prometheus Operator's PrometheusRule; `labels` are
+    those its Prometheus's ruleSelector asks for."""
+    return dict(shared().prometheus_rule(document, _metadata(name, namespace, labels)))
 
 
 def dashboard_configmap(
     document: Any, name: str, namespace: str | None, labels: dict[str, str]
 ) -> dict[str, Any]:
     """The dashboard in a ConfigMap labelled for Grafana's dashboard sidecar."""
-    key, value = DASHBOARD_LABEL
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": _metadata(name, namespace, {key: value, **labels}),
-        "data": {"gpufleet-dashboard.json": json.dumps(document, indent=2, sort_keys=True)},
-    }
+    return dict(shared().dashboard_configmap(document, _metadata(name, namespace, labels)))
 
 
 def render(args: Any) -> tuple[Any, str]:

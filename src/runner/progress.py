@@ -5,8 +5,8 @@ task it is at and for how long, and how many of the run's hosts are through.
 
 `RunProgress` keeps one run's account (runs.EventCollector feeds it ansible-runner's
 events); a `Progress` shows it. `LogProgress` writes log lines: the lines the run
-says (a stage's outcome, a failure), a line when a run starts and ends, and, while a
-run says nothing for `heartbeat` seconds, where each host is. `LiveProgress` draws a
+says (a stage's outcome, a failure), where each host is while the run says nothing
+for `heartbeat` seconds, and the run's headline when it ends. `LiveProgress` draws a
 table on a terminal that `rich` keeps current, one row per host, above which log
 lines still appear. Runs may overlap (a background apply beside a cycle's probe):
 each has its own account and its own section of the table."""
@@ -150,7 +150,6 @@ class RunProgress:
             entry.state, entry.task, entry.ended = state, "", self._now()
             if entry.started is None:
                 entry.started = entry.ended
-        self._shown.counted(self)
 
     def ended(self, status: str) -> None:
         """The run is over: hosts not through yet are through now (those it never
@@ -195,34 +194,27 @@ class Progress:
     def said(self, run: RunProgress, host: str, text: str) -> None:
         """A host's line worth telling."""
 
-    def counted(self, run: RunProgress) -> None:
-        """One more host of the run is through."""
-
     def finished(self, run: RunProgress, status: str) -> None:
         """The run ended with ansible-runner's status."""
 
 
 class LogProgress(Progress):
     """Progress as log lines (one JSON object each under --log-format json, its
-    fields under `progress`). While a run is quiet for `heartbeat` seconds, a line
-    says where its hosts are."""
+    fields under `progress`): the lines a run says, where its hosts are each time it
+    has said nothing for `heartbeat` seconds, and its headline when it ends. A steady
+    cycle's probe adds one line to a journal, a host through one none."""
 
     def __init__(self, heartbeat: float = 30.0) -> None:
         self.heartbeat = heartbeat
         self._stops: dict[int, threading.Event] = {}
 
     def started(self, run: RunProgress) -> None:
-        view = run.view()
-        self._log(f"{run.name}: {len(view.hosts)} hosts", "started", view)
+        # The cycle has said what it runs on which hosts ("probing 3 host(s)").
         stop = self._stops[id(run)] = threading.Event()
         threading.Thread(target=self._beat, args=(run, stop), daemon=True).start()
 
     def said(self, run: RunProgress, host: str, text: str) -> None:
         log.info("  %s: %s", host, text, extra={"progress": {"run": run.name, "host": host}})
-
-    def counted(self, run: RunProgress) -> None:
-        view = run.view()
-        self._log(view.headline(), "counted", view)
 
     def finished(self, run: RunProgress, status: str) -> None:
         stop = self._stops.pop(id(run), None)

@@ -211,8 +211,8 @@ def test_steady_state_only_probes_and_skips_the_host_backing_off(fleet: Fleet):
 
 
 PROMETHEUS = PROJECT / ".cache" / "consumers" / "usr" / "bin" / "prometheus"
-RULES = PROJECT / "src" / "runner" / "monitoring" / "gpufleet-rules.yml"
-DASHBOARD = PROJECT / "src" / "runner" / "monitoring" / "gpufleet-dashboard.json"
+RULES = PROJECT / "roles" / "k8s_manifests" / "files" / "monitoring" / "gpufleet-rules.yml"
+DASHBOARD = PROJECT / "roles" / "k8s_manifests" / "files" / "monitoring" / "gpufleet-dashboard.json"
 
 
 def _prometheus_api(port: int, path: str) -> Any:

@@ -7,9 +7,9 @@ Go modules pinned in tests/sim/controlplane (see its build.sh), plus kwok standi
 for the kubelets: it keeps the Node objects Ready and brings pods scheduled on them
 (DaemonSet pods included) to Running without running any container.
 
-The Prometheus operator's ServiceMonitor CRD is installed too (from its published Go
-module), as a cluster with a Prometheus operator has it. Everything listens on
-127.0.0.1 only. Certificates, keys and the etcd data are made
+The Prometheus operator's ServiceMonitor and PrometheusRule CRDs are installed too
+(from its published Go module), as a cluster with a Prometheus operator has them.
+Everything listens on 127.0.0.1 only. Certificates, keys and the etcd data are made
 per cluster under .cache/cluster and removed by `down`; the admin kubeconfig is
 .cache/cluster/kubeconfig. Each process's pid is kept in .cache/cluster/pids, and
 `down` stops exactly those processes.
@@ -76,7 +76,16 @@ PROMETHEUS_OPERATOR = (
     "v0.85.0",
     "h1:M5xLCLEoaW2IJfnuCwFzzpL+jSVQu3KGT84Pye+fW8s=",
 )
-SERVICEMONITOR_CRD = "example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml"
+# Its ServiceMonitor and PrometheusRule CRDs: the kinds the cluster side applies when
+# they exist (k8s_manifests_service_monitor, k8s_manifests_alert_rules: auto).
+OPERATOR_CRDS = {
+    "servicemonitors.monitoring.coreos.com": (
+        "example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml"
+    ),
+    "prometheusrules.monitoring.coreos.com": (
+        "example/prometheus-operator-crd/monitoring.coreos.com_prometheusrules.yaml"
+    ),
+}
 
 
 class ClusterError(RuntimeError):
@@ -121,8 +130,8 @@ def kwok_stages() -> str:
     return "\n---\n".join((module / stage).read_text() for stage in KWOK_STAGES)
 
 
-def servicemonitor_crd() -> str:
-    """The ServiceMonitor CRD from the Prometheus operator's module, hash checked."""
+def operator_crds() -> str:
+    """The Prometheus operator's CRDs (OPERATOR_CRDS) from its module, hash checked."""
     module, version, digest = PROMETHEUS_OPERATOR
     env = {**os.environ, "GOFLAGS": "-mod=mod", "GOSUMDB": "off", "GOTOOLCHAIN": "local"}
     listed = subprocess.run(
@@ -138,7 +147,7 @@ def servicemonitor_crd() -> str:
     info = json.loads(listed.stdout)
     if info.get("Sum") != digest:
         raise ClusterError(f"{module}@{version} has hash {info.get('Sum')}, expected {digest}")
-    return (Path(info["Dir"]) / SERVICEMONITOR_CRD).read_text()
+    return "\n---\n".join((Path(info["Dir"]) / crd).read_text() for crd in OPERATOR_CRDS.values())
 
 
 # --- certificates -----------------------------------------------------------------
@@ -525,8 +534,9 @@ def up(node_names: Iterable[str]) -> Path:
     for component in components(bin_dir):
         running = _running_pid(component.name, component.argv[0]) is not None
         _wait_healthy(component, None if running else _start(component))
-    kubectl(bin_dir, "apply", "--server-side", "-f", "-", stdin=servicemonitor_crd())
-    wait_for(bin_dir, "Established", "crd/servicemonitors.monitoring.coreos.com")
+    kubectl(bin_dir, "apply", "--server-side", "-f", "-", stdin=operator_crds())
+    for crd in OPERATOR_CRDS:
+        wait_for(bin_dir, "Established", f"crd/{crd}")
     register_nodes(bin_dir, node_names)
     return KUBECONFIG
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 import re
 
 import kubernetes_validate
@@ -109,6 +110,14 @@ def settings(**changes) -> dict:
         "exporter_collectors": "",
         "exporter_scrape_interval": defaults["k8s_manifests_exporter_scrape_interval"],
         "service_monitor": True,
+        "alert_rules": False,
+        "alert_rules_labels": {},
+        "runbook_url": defaults["k8s_manifests_runbook_url"],
+        "dashboard": defaults["k8s_manifests_dashboard"],
+        "dashboard_labels": {},
+        "monitoring_namespace": defaults["k8s_manifests_namespace"],
+        "exporter_job": defaults["k8s_manifests_exporter_job"],
+        "monitoring_dir": str(PROJECT / "roles/k8s_manifests/files/monitoring"),
     }
     result.update(changes)
     return result
@@ -158,13 +167,65 @@ def test_every_manifest_is_valid_for_each_supported_kubernetes(fleet, version):
     built = build(fleet, exporter_collectors="DCGM_FI_DEV_GPU_UTIL, gauge, GPU utilization.\n")
     checked = 0
     for obj in every_object(built):
-        if obj["kind"] == "ServiceMonitor":
-            continue  # a CRD of the Prometheus operator: no upstream schema (checked below)
+        if obj["kind"] in ("ServiceMonitor", "PrometheusRule"):
+            continue  # CRDs of the Prometheus operator: no upstream schema (checked below;
+            # molecule `cluster` applies them to an API server that has the CRDs)
         # Through YAML, as a user applies the rendered file.
         document = yaml.safe_load(k8s.k8s_to_yaml(obj))
         kubernetes_validate.validate(document, version, strict=True)
         checked += 1
     assert checked >= 10
+
+
+def test_gpufleets_monitoring_is_applied_only_where_the_site_asks_and_made_for_it():
+    assert {o["kind"] for o in build("plain")["objects"]}.isdisjoint({"PrometheusRule"})
+    objects = build(
+        "plain",
+        alert_rules=True,
+        alert_rules_labels={"release": "kube-prometheus-stack"},
+        runbook_url="https://wiki.example.org/gpufleet/monitoring",
+        dashboard=True,
+        dashboard_labels={"grafana_dashboard": "gpu"},
+        monitoring_namespace="monitoring",
+        exporter_job="gpu-metrics",
+    )["objects"]
+    (rule,) = [o for o in objects if o["kind"] == "PrometheusRule"]
+    (board,) = [o for o in objects if o["metadata"]["name"] == "gpufleet-dashboard"]
+    for obj in (rule, board):
+        assert obj["metadata"]["namespace"] == "monitoring"
+        assert obj["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "gpufleet"
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    rules = [r for g in rule["spec"]["groups"] for r in g["rules"]]
+    alerts = [r for r in rules if "alert" in r]
+    assert alerts and all(
+        r["annotations"]["runbook_url"]
+        == f"https://wiki.example.org/gpufleet/monitoring#{r['alert'].lower()}"
+        for r in alerts
+    )
+    exprs = " ".join(r["expr"] for r in rules)
+    assert 'job=~"gpu-metrics"' in exprs and "dcgm" not in exprs
+    # The site's sidecar label wins over the default value "1".
+    assert board["metadata"]["labels"]["grafana_dashboard"] == "gpu"
+    dashboard = json.loads(board["data"]["gpufleet-dashboard.json"])
+    assert "gpu-metrics" in json.dumps(dashboard["templating"])
+    kubernetes_validate.validate(yaml.safe_load(k8s.k8s_to_yaml(board)), KUBERNETES_VERSIONS[-1])
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"exporter_job": 'dcgm"'}, "k8s_manifests_exporter_job"),
+        ({"runbook_url": "wiki/gpufleet"}, "k8s_manifests_runbook_url"),
+        (
+            {"alert_rules_labels": {"release": "kube prometheus"}},
+            "k8s_manifests_alert_rules_labels",
+        ),
+        ({"monitoring_namespace": "Monitoring"}, "k8s_manifests_monitoring_namespace"),
+    ],
+)
+def test_bad_monitoring_settings_are_refused_naming_the_variable(changes, message):
+    with pytest.raises(AnsibleFilterError, match=message):
+        build("plain", alert_rules=True, **changes)
 
 
 def test_service_monitor_selects_the_exporter_service():

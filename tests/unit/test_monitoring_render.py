@@ -129,3 +129,10 @@ def test_the_dashboard_as_grafana_imports_it(capsys):
     assert cli.main(["monitoring", "dashboard"]) == output.Exit.OK
     board = json.loads(capsys.readouterr().out)
     assert board["uid"] and board["panels"]
+
+
+def test_the_cli_and_the_cluster_side_ship_the_same_exporter_job():
+    role = yaml.safe_load((PROJECT / "roles/k8s_manifests/defaults/main.yml").read_text())
+    shipped = alerting.shared().DEFAULT_EXPORTER_JOB
+    assert alerting.DEFAULT_EXPORTER_JOB == shipped == role["k8s_manifests_exporter_job"]
+    assert alerting.shared().SHIPPED_SELECTOR in alerting.shipped(alerting.shared().RULES_FILE)

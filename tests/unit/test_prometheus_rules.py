@@ -15,7 +15,7 @@ import yaml
 
 PROJECT = Path(__file__).resolve().parents[2]
 PROMTOOL = PROJECT / ".cache" / "consumers" / "usr" / "bin" / "promtool"
-RULES = PROJECT / "src" / "runner" / "monitoring" / "gpufleet-rules.yml"
+RULES = PROJECT / "roles" / "k8s_manifests" / "files" / "monitoring" / "gpufleet-rules.yml"
 RULE_TESTS = Path(__file__).parent / "fixtures" / "prometheus" / "gpufleet-rules.test.yml"
 
 
@@ -84,7 +84,7 @@ def test_the_rules_read_only_series_the_reconciler_exports() -> None:
     assert read <= exported, sorted(read - exported)
 
 
-DASHBOARD = PROJECT / "src" / "runner" / "monitoring" / "gpufleet-dashboard.json"
+DASHBOARD = PROJECT / "roles" / "k8s_manifests" / "files" / "monitoring" / "gpufleet-dashboard.json"
 
 
 def dashboard_targets() -> list[tuple[str, str]]:

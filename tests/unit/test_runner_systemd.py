@@ -58,6 +58,8 @@ def test_the_controller_service_runs_the_loop_and_is_not_pull_mode() -> None:
     args = cli.build_parser().parse_args(argv[1:])
     assert (args.command, args.local, args.once) == ("reconcile", False, False)
     assert "SuccessExitStatus=130" in service and "Restart=on-failure" in service
-    rules = (PROJECT / "src" / "runner" / "monitoring" / "gpufleet-rules.yml").read_text()
+    rules = (
+        PROJECT / "roles" / "k8s_manifests" / "files" / "monitoring" / "gpufleet-rules.yml"
+    ).read_text()
     assert "systemctl status gpufleet-controller" in rules
     assert "gpufleet-reconcile" not in rules, "pull mode's unit serves no metrics"

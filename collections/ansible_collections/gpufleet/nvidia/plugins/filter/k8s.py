@@ -9,12 +9,18 @@ k8s_drift.yml next to this file.
 
 from __future__ import annotations
 
+import os
+
 import yaml
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpufleet.nvidia.plugins.filter.summary import stage_passed
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import k8s_objects as k8s
-from ansible_collections.gpufleet.nvidia.plugins.module_utils import k8s_state, mig_config
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import (
+    k8s_state,
+    mig_config,
+    monitoring,
+)
 
 # GPU Operator component names of the stages whose outcome a deploy label reports.
 _STAGE_COMPONENTS = (
@@ -190,13 +196,61 @@ def k8s_manifests(hostvars_list, settings, node_names=None, previous=None):
         )
         if settings["exporter"] and exporter_hosts:
             objects += k8s.exporter_objects(settings, settings["service_monitor"])
-    except k8s.K8sInputError as exc:
+        objects += monitoring_objects(settings)
+    except (k8s.K8sInputError, monitoring.MonitoringError) as exc:
         raise AnsibleFilterError(str(exc)) from exc
     return {
         "objects": objects,
         "nodes": nodes,
         "without_facts": without_facts,
         "exporter_hosts": exporter_hosts,
+    }
+
+
+def monitoring_objects(settings):
+    """gpufleet's own monitoring where the site asks for it: its rules as a
+    PrometheusRule (`alert_rules`), its dashboard as a ConfigMap for Grafana's
+    sidecar (`dashboard`), from the documents in `monitoring_dir` (the role's
+    files/monitoring), made for the site's exporter job and runbook URL."""
+    if not settings.get("alert_rules") and not settings.get("dashboard"):
+        return []
+    job = monitoring.check_exporter_job(settings["exporter_job"], "k8s_manifests_exporter_job")
+    url = settings["runbook_url"]
+    if url:
+        monitoring.check_runbook_url(url, "k8s_manifests_runbook_url")
+    k8s.check_dns_label(settings["monitoring_namespace"], "k8s_manifests_monitoring_namespace")
+    objects = []
+    if settings["alert_rules"]:
+        rules = monitoring.rules(
+            yaml.safe_load(_shipped(settings, monitoring.RULES_FILE)), url, job
+        )
+        meta = _monitoring_meta(settings, "gpufleet-rules", "alert_rules_labels")
+        objects.append(monitoring.prometheus_rule(rules, meta))
+    if settings["dashboard"]:
+        board = monitoring.dashboard(_shipped(settings, monitoring.DASHBOARD_FILE), job)
+        meta = _monitoring_meta(settings, "gpufleet-dashboard", "dashboard_labels")
+        objects.append(monitoring.dashboard_configmap(board, meta))
+    return objects
+
+
+def _shipped(settings, name):
+    with open(os.path.join(settings["monitoring_dir"], name), encoding="utf-8") as text:
+        return text.read()
+
+
+def _monitoring_meta(settings, name, setting):
+    labels = settings[setting]
+    for key, value in labels.items():
+        k8s.check_label(key, value, "k8s_manifests_" + setting)
+    owned = {
+        "app.kubernetes.io/name": name,
+        "app.kubernetes.io/part-of": k8s.PART_OF,
+        k8s.OWNER_LABEL: settings["managed_by"],
+    }
+    return {
+        "name": name,
+        "namespace": settings["monitoring_namespace"],
+        "labels": {**owned, **labels},
     }
 
 

@@ -36,6 +36,7 @@ from urllib.parse import urlsplit
 import yaml
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import monitoring
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.driver_plan import (
     BRANCH_RE,
     VERSION_RE,
@@ -100,6 +101,21 @@ def _absolute(value, suffixes=()):
     )
 
 
+def _passes(check, *args):
+    """Whether a check of module_utils that raises on a bad value passes."""
+    try:
+        check(*args, "")
+    except ValueError:
+        return False
+    return True
+
+
+def _labels_ok(value):
+    return isinstance(value, Mapping) and all(
+        _passes(check_label, str(key), label) for key, label in value.items()
+    )
+
+
 def _optional(check):
     return lambda value: value in ("", None) or check(value)
 
@@ -123,6 +139,11 @@ def _each(check):
 
 
 _URL = (_url, "an http(s):// or file:/// URL with a host and no spaces or shell characters")
+_LABELS = (
+    _labels_ok,
+    "Kubernetes labels: keys of [prefix/]name, values of at most 63 letters, digits, -, _ "
+    "or . (quote numbers and booleans)",
+)
 _PATH = (_absolute, "an absolute path without spaces, quotes or shell characters")
 _OPTIONAL_PATH = (_optional(_absolute), "an absolute path, or empty")
 _PORT = (_int_range(1, 65535), "a TCP port, 1-65535")
@@ -358,6 +379,21 @@ RULES = {
     ),
     "k8s_manifests_image_pull_secrets": (_each(_DNS_NAME[0]), "Secret names (DNS labels)"),
     "k8s_manifests_exporter_collectors": _COLLECTORS,
+    "k8s_manifests_alert_rules_labels": _LABELS,
+    "k8s_manifests_dashboard_labels": _LABELS,
+    "k8s_manifests_runbook_url": (
+        _optional(lambda value: _url(value, ("http", "https")) and "#" not in value),
+        "an http(s):// URL where docs/monitoring.md is served, without a #fragment (or empty)",
+    ),
+    "k8s_manifests_monitoring_namespace": (
+        _optional(_match(DNS_LABEL, 63)),
+        "a Kubernetes namespace name (a DNS label: a-z, 0-9 and -, at most 63), or empty",
+    ),
+    "k8s_manifests_exporter_job": (
+        lambda value: _passes(monitoring.check_exporter_job, value),
+        "a regular expression of the exporters' scrape job name, without quotes or "
+        "backslashes, such as 'gpu-metrics'",
+    ),
 }
 
 # Settings with a check of their own below, beyond their kind: with other settings, or
