@@ -268,17 +268,18 @@ class LiveProgress(Progress):
 
         with self._lock:
             self._runs.append(run)
-            if self._live is None:
-                # stderr through rich while the table stands: log lines go above it.
-                self._live = Live(
-                    self,
-                    console=self.console,
-                    refresh_per_second=2,
-                    transient=True,
-                    redirect_stdout=False,
-                    redirect_stderr=True,
-                )
-                self._live.start()
+            if self._live is not None:
+                return
+            # stderr through rich while the table stands: log lines go above it.
+            live = self._live = Live(
+                self,
+                console=self.console,
+                refresh_per_second=2,
+                transient=True,
+                redirect_stdout=False,
+                redirect_stderr=True,
+            )
+        live.start()  # its drawing takes the lock (__rich__)
 
     def said(self, run: RunProgress, host: str, text: str) -> None:
         log.info("  %s: %s", host, text)
