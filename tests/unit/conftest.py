@@ -194,6 +194,20 @@ def run_ansible(command: str, *args: str) -> tuple[int, dict]:
     return result.returncode, json.loads(result.stdout)
 
 
+def local_inventory(path: Path, *hosts: str) -> Path:
+    """An inventory at `path` whose `hosts` are this machine (local connection, this
+    Python), for a real ansible-playbook run of a small test playbook."""
+    path.write_text(
+        "all:\n  hosts:\n"
+        + "".join(
+            f"    {host}:\n      ansible_connection: local\n"
+            f"      ansible_python_interpreter: {sys.executable}\n"
+            for host in hosts
+        )
+    )
+    return path
+
+
 def run_local_module(module: str, args: dict, *flags: str) -> dict:
     """Run one of our modules on this host through `ansible`; returns its result."""
     import json

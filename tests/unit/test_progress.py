@@ -15,9 +15,9 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 from rich.console import Console
 
+from conftest import local_inventory
 from runner import cli
 from runner.engine import AnsibleEngine
 from runner.progress import LiveProgress, LogProgress, Progress, where
@@ -108,15 +108,7 @@ def test_a_terminal_shows_each_host_at_its_stage_live_then_the_runs_headline(
         "  failed_when: inventory_hostname == 'n2'\n"
     )
     (project / "site.yml").write_text("- hosts: all\n  gather_facts: false\n  roles: [driver]\n")
-    inventory = tmp_path / "inventory.yml"
-    inventory.write_text(
-        "all:\n  hosts:\n"
-        + "".join(
-            f"    {name}:\n      ansible_connection: local\n"
-            f"      ansible_python_interpreter: {sys.executable}\n"
-            for name in ("n1", "n2")
-        )
-    )
+    inventory = local_inventory(tmp_path / "inventory.yml", "n1", "n2")
     screen = io.StringIO()
     console = Console(file=screen, force_terminal=True, width=120, height=30)
     live = LiveProgress(console)
@@ -133,21 +125,3 @@ def test_a_terminal_shows_each_host_at_its_stage_live_then_the_runs_headline(
     # n2's stage failed and no outcome of the stage answered for it: a failed host.
     ended = caplog.records[-1].getMessage()
     assert re.fullmatch(r"apply: 2 of 2 hosts through, 1 failed \(0:0\d\); failed", ended)
-
-
-@pytest.mark.parametrize("quiet", [True, False])
-def test_an_engine_without_progress_runs_alike(tmp_path: Path, quiet: bool):
-    project = tmp_path / "project"
-    project.mkdir()
-    (project / "ok.yml").write_text(
-        "- hosts: all\n  gather_facts: false\n  tasks:\n"
-        "    - name: Nothing\n      ansible.builtin.ping:\n"
-    )
-    inventory = tmp_path / "inventory.yml"
-    inventory.write_text(
-        "all:\n  hosts:\n    n1:\n      ansible_connection: local\n"
-        f"      ansible_python_interpreter: {sys.executable}\n"
-    )
-    progress = Progress() if quiet else None
-    engine = AnsibleEngine(project, str(inventory), tmp_path / "ansible", progress=progress)
-    assert engine._run("probe", "ok.yml", ["n1"]).status == "successful"

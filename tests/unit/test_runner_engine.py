@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from ansible_collections.gpufleet.nvidia.plugins.filter import summary
+from conftest import local_inventory
 from runner.engine import (
     FORKS_VARIABLE,
     PROBE_MODULE,
@@ -571,11 +572,7 @@ def test_a_failed_tasks_progress_line_names_the_runs_ansible_output(tmp_path: Pa
         "- hosts: all\n  gather_facts: false\n  tasks:\n"
         "    - name: Fail here\n      ansible.builtin.fail:\n        msg: broken on purpose\n"
     )
-    inventory = tmp_path / "inventory.yml"
-    inventory.write_text(
-        "all:\n  hosts:\n    n1:\n      ansible_connection: local\n"
-        f"      ansible_python_interpreter: {sys.executable}\n"
-    )
+    inventory = local_inventory(tmp_path / "inventory.yml", "n1")
     said: list[tuple[str, str]] = []
 
     class Said(Progress):
