@@ -201,8 +201,8 @@ class Progress:
 class LogProgress(Progress):
     """Progress as log lines (one JSON object each under --log-format json, its
     fields under `progress`): the lines a run says, where its hosts are each time it
-    has said nothing for `heartbeat` seconds, and its headline when it ends. A steady
-    cycle's probe adds one line to a journal, a host through one none."""
+    has said nothing for `heartbeat` seconds, and its headline when it ends: a steady
+    cycle's probe adds one line to a journal, not one per host."""
 
     def __init__(self, heartbeat: float = 30.0) -> None:
         self.heartbeat = heartbeat
