@@ -77,9 +77,10 @@ class MonitoringError(ValueError):
     """A setting of the rendering that cannot be used; the message says which."""
 
 
-def _checked(check: str, value: str, option: str) -> str:
+def _checked(check: Any, value: str, option: str) -> str:
+    """`check` (one of the shared module's) of `value`, its error in this module's type."""
     try:
-        return str(getattr(shared(), check)(value, option))
+        return str(check(value, option))
     except shared().MonitoringError as err:
         raise MonitoringError(str(err)) from err
 
@@ -89,8 +90,8 @@ def rules(runbook_url: str | None = None, exporter_job: str = DEFAULT_EXPORTER_J
     lower case (the anchor of its section in docs/monitoring.md), and the exporters'
     job matched by `exporter_job`."""
     if runbook_url:
-        _checked("check_runbook_url", runbook_url, "--runbook-url")
-    _checked("check_exporter_job", exporter_job, "--exporter-job")
+        _checked(shared().check_runbook_url, runbook_url, "--runbook-url")
+    _checked(shared().check_exporter_job, exporter_job, "--exporter-job")
     document = yaml.safe_load(shipped(shared().RULES_FILE))
     return shared().rules(document, runbook_url, exporter_job)
 
@@ -98,7 +99,7 @@ def rules(runbook_url: str | None = None, exporter_job: str = DEFAULT_EXPORTER_J
 def dashboard(exporter_job: str = DEFAULT_EXPORTER_JOB) -> Any:
     """The dashboard, its `job` variable offering the reconciler's jobs and the
     exporters' (`exporter_job`)."""
-    _checked("check_exporter_job", exporter_job, "--exporter-job")
+    _checked(shared().check_exporter_job, exporter_job, "--exporter-job")
     return shared().dashboard(shipped(shared().DASHBOARD_FILE), exporter_job)
 
 

@@ -113,9 +113,8 @@ class RunProgress:
         now: Callable[[], float] = time.monotonic,
     ) -> None:
         self.name = name
-        self.now = now
+        self.now = now  # the run's clock (a test's own)
         self._shown = shown
-        self._now = now
         self._lock = threading.Lock()
         self._started = now()
         self._hosts = {host: _Host() for host in hosts}
@@ -127,13 +126,13 @@ class RunProgress:
             if entry.state in THROUGH:
                 return
             if entry.started is None:
-                entry.started = self._now()
+                entry.started = self.now()
             entry.state, entry.stage, entry.task = RUNNING, stage, task
 
     def said(self, host: str, text: str, failed: bool = False) -> None:
         """A line worth telling (an outcome, a failure); `failed` marks the host."""
         with self._lock:
-            self.last_said = self._now()
+            self.last_said = self.now()
         if failed:
             self.fail(host)
         self._shown.said(self, host, text)
@@ -147,7 +146,7 @@ class RunProgress:
             entry = self._hosts.setdefault(host, _Host())
             if entry.state in THROUGH:
                 return
-            entry.state, entry.task, entry.ended = state, "", self._now()
+            entry.state, entry.task, entry.ended = state, "", self.now()
             if entry.started is None:
                 entry.started = entry.ended
 
@@ -155,7 +154,7 @@ class RunProgress:
         """The run is over: hosts not through yet are through now (those it never
         reached, too: the run's result says why)."""
         with self._lock:
-            end = self._now()
+            end = self.now()
             for entry in self._hosts.values():
                 if entry.state not in THROUGH:
                     entry.state, entry.task, entry.ended = DONE, "", end
@@ -165,7 +164,7 @@ class RunProgress:
 
     def view(self) -> RunView:
         with self._lock:
-            now = self._now()
+            now = self.now()
             lines = tuple(
                 HostLine(
                     host,

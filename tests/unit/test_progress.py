@@ -20,7 +20,7 @@ from rich.console import Console
 from conftest import local_inventory
 from runner import cli
 from runner.engine import AnsibleEngine
-from runner.progress import LiveProgress, LogProgress, Progress, where
+from runner.progress import LiveProgress, LogProgress, Progress, RunProgress, where
 
 
 class Clock:
@@ -33,9 +33,7 @@ class Clock:
 
 def test_a_runs_account_counts_hosts_through_and_times_each_from_its_first_task():
     clock = Clock()
-    run = Progress().run("apply", ["a", "b", "c"])
-    run.now = run._now = clock  # the account's clock, from here on
-    run._started = clock.now
+    run = RunProgress(Progress(), "apply", ["a", "b", "c"], now=clock)
     run.task_started("a", "driver", "Install the driver packages")
     clock.now += 5
     run.task_started("b", "driver", "Install the driver packages")
