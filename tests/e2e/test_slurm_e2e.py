@@ -30,6 +30,7 @@ OLDER = "535.261.03"  # Debian's older build; the node onboards with 535.309.01
 HEAD, GPU, MIG = "slurm-head", "slurm-t4", "slurm-a100"
 SLURM = [*FLEET, "slurm", HEAD, GPU, MIG]
 # all-balanced on an A100 40GB: two 1g.5gb, one 2g.10gb and one 3g.20gb per GPU.
+BALANCED = ["1g.5gb", "1g.5gb", "2g.10gb", "3g.20gb"]
 MIG_VARS = {"mig_config": "all-balanced", "device_plugin_mig_strategy": "mixed"}
 
 pytestmark = pytest.mark.fleet
@@ -123,14 +124,26 @@ def _gres(node: dict[str, str]) -> list[str]:
     return sorted(re.sub(r"\(S:[^)]*\)", "", node["Gres"]).split(","))
 
 
+def _mig_devices(fleet: Fleet) -> list[list[str]]:
+    """Per GPU of the MIG node, the sorted profiles of its MIG devices (nvidia-smi -L)."""
+    gpus: list[list[str]] = []
+    for line in fleet.on_node(MIG, "nvidia-smi", "-L").stdout.splitlines():
+        if line.startswith("GPU "):
+            gpus.append([])
+        elif line.strip().startswith("MIG "):
+            gpus[-1].append(line.split()[1])
+    return [sorted(profiles) for profiles in gpus]
+
+
 def test_mig_devices_are_declared_as_their_own_types_near_their_gpus_cores(fleet: SlurmFleet):
     record = fleet.status()[MIG]
     assert (record["failed_stage"], record["mig_layout"]) == ("slurm_gres", "all-balanced")
+    # The first cycle laid each GPU out as all-balanced.
+    assert _mig_devices(fleet) == [BALANCED, BALANCED]
+    assert "mig=ready:all-balanced" in fleet.runner("status").stdout
     # One entry per MIG device nvidia-smi lists, typed by its profile; each names its
     # GPU's device file and its instances' capability files, which the driver made.
-    listed = fleet.on_node(MIG, "nvidia-smi", "-L").stdout
-    profiles = sorted(line.split()[1] for line in listed.splitlines() if "MIG " in line)
-    assert profiles == sorted(["1g.5gb", "1g.5gb", "2g.10gb", "3g.20gb"] * 2), listed
+    profiles = sorted(BALANCED * 2)
     entries = _gres_lines(fleet, MIG)
     assert sorted(e["Type"] for e in entries) == [f"nvidia_a100_{p}" for p in profiles]
     for entry in entries:
@@ -195,6 +208,26 @@ def test_with_the_rendered_line_in_slurm_conf_slurm_schedules_the_gpu(fleet: Slu
         "echo $CUDA_VISIBLE_DEVICES",
     )
     assert job.returncode == 0 and len(job.stdout.strip().split(",")) == 2, job.stderr
+
+
+def test_mig_instances_destroyed_by_hand_are_drift_put_back_through_a_drain(fleet: SlurmFleet):
+    """The probe sees GPU 0's instances gone (mig drift). Putting them back stops what
+    runs on the GPUs, so the repair goes through the rollout like a driver change: the
+    node is drained in Slurm, laid out again and resumed."""
+    for command in (["-dci", "-i", "0"], ["-dgi", "-i", "0"]):
+        destroyed = fleet.on_node(MIG, "nvidia-smi", "mig", *command)
+        assert destroyed.returncode == 0, destroyed.stdout + destroyed.stderr
+    assert _mig_devices(fleet) == [[], BALANCED]
+    result = fleet.reconcile("--once")
+    assert f"{MIG}: rolled-out; because drift; repaired mig" in result.stdout, result.stdout
+    assert _mig_devices(fleet) == [BALANCED, BALANCED]
+    history = fleet.history(MIG)
+    drift = [e for e in history if e["kind"] == "drift"]
+    assert drift and drift[-1]["component"] == "mig", history
+    phases = [e["component"] for e in history if e["kind"] == "rollout"]
+    assert phases[-6:] == ["queued", "cordoned", "drained", "applying", "applied", "done"]
+    node = fleet.scontrol(MIG)
+    assert (node["State"], node["Reason"]) == ("IDLE", ""), node
 
 
 def test_a_second_pass_changes_nothing_and_an_administrators_drain_stays(fleet: SlurmFleet):
@@ -340,8 +373,7 @@ def test_a_new_mig_layout_halts_drained_until_slurm_conf_has_its_line(fleet: Slu
     rendered = fleet.on_node(MIG, "cat", "/etc/gpufleet/slurm/node.conf").stdout.splitlines()[-1]
     assert rendered.endswith(" Gres=gpu:nvidia_a100_1g.5gb:14"), rendered
     assert f"its line there should be {rendered}" in " ".join(record["rollout_reason"].split())
-    listed = fleet.on_node(MIG, "nvidia-smi", "-L").stdout
-    assert listed.count("MIG 1g.5gb ") == 14, listed
+    assert _mig_devices(fleet) == [["1g.5gb"] * 7] * 2
     node = fleet.scontrol(MIG)
     assert "DRAIN" in node["State"] and node["Reason"].startswith("gpufleet: "), node
     # The administrator puts the line in slurm.conf and releases the host.
@@ -353,8 +385,10 @@ def test_a_new_mig_layout_halts_drained_until_slurm_conf_has_its_line(fleet: Slu
     assert node["State"] == "IDLE" and node["Reason"] == "", node
     assert _gres(node) == ["gpu:nvidia_a100_1g.5gb:14"], node
     record = fleet.status()[MIG]
-    assert record["rollout_phase"] is None
+    assert record["rollout_phase"] is None and record["mig_layout"] == "all-1g.5gb"
     assert (record["status"], record["stages"]["device_plugin"]) == ("converged", "ready")
+    again = fleet.reconcile("--once")
+    assert again.stdout.startswith("cycle: 3 probed, 0 planned, 0 applied"), again.stdout
 
 
 def test_a_burst_is_held_by_the_breaker_and_a_remapping_failure_is_quarantined(
