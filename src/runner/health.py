@@ -42,6 +42,7 @@ def stored(reading: Mapping[str, Any]) -> dict[str, Any]:
                 {"kind": s.get("kind"), "detail": s.get("detail", "")}
                 for s in gpu.get("signals") or []
             ],
+            **{k: gpu[k] for k in ("uuid", "serial") if gpu.get(k)},
         }
         for address, gpu in sorted(gpus.items())
         if gpu.get("signals")
@@ -117,30 +118,40 @@ def lines(
 class Remedy:
     """The remediation a host's GPUs ask for: the worst action asked, each GPU's
     evidence (PCI address -> what asked it, with when it was first read), since when
-    it is owed, and why it was raised to a replacement, if it was."""
+    it is owed, why it was raised to a replacement, if it was, and the GPUs' identities
+    where the probe read them (PCI address -> "uuid GPU-…, serial …")."""
 
     action: str
     gpus: dict[str, list[str]] = field(default_factory=dict)
     since: float = 0.0
     why: str = ""
+    ids: dict[str, str] = field(default_factory=dict)
 
     def stored(self) -> dict[str, Any]:
-        return {"action": self.action, "gpus": self.gpus, "since": self.since, "why": self.why}
+        kept = {"action": self.action, "gpus": self.gpus, "since": self.since, "why": self.why}
+        return {**kept, "ids": self.ids} if self.ids else kept
 
     @classmethod
     def of(cls, stored: Mapping[str, Any]) -> Remedy | None:
         if stored.get("action") not in OUT_OF_SERVICE:
             return None
         gpus = {str(a): [str(e) for e in found] for a, found in (stored.get("gpus") or {}).items()}
-        return cls(
-            str(stored["action"]), gpus, float(stored.get("since") or 0), stored.get("why", "")
-        )
+        since, why = float(stored.get("since") or 0), stored.get("why", "")
+        ids = {str(a): str(i) for a, i in (stored.get("ids") or {}).items()}
+        return cls(str(stored["action"]), gpus, since, why, ids)
 
     @property
     def text(self) -> str:
         """One line for operators (and Slurm's drain reason): what, on which GPUs."""
         said = "; ".join(f"GPU {a}: {', '.join(found)}" for a, found in sorted(self.gpus.items()))
         return f"{self.action} asked ({said})" + (f"; {self.why}" if self.why else "")
+
+    @property
+    def evidence(self) -> str:
+        """`text` with the GPUs' identities, for what is kept of a quarantine (status,
+        history): what a vendor asks for when a GPU is sent back."""
+        known = "; ".join(f"GPU {a}: {i}" for a, i in sorted(self.ids.items()))
+        return f"{self.text} [{known}]" if known else self.text
 
 
 @dataclass(frozen=True)
@@ -150,22 +161,30 @@ class Asking:
     address: str
     evidence: str
     action: str
+    identity: str = ""  # "uuid GPU-…, serial …", where the probe read them
+
+
+def identity(gpu: Mapping[str, Any]) -> str:
+    """A GPU's UUID and serial number as the probe read them ("" for neither)."""
+    return ", ".join(f"{k} {gpu[k]}" for k in ("uuid", "serial") if gpu.get(k))
 
 
 def asking(reading: Mapping[str, Any], events: Sequence[Mapping[str, Any]]) -> list[Asking]:
     """The signals of a probe's reading and its new Xid events that ask a reset or more."""
     found = []
-    for address, gpu in sorted((reading.get("gpus") or {}).items()):
+    gpus = reading.get("gpus") or {}
+    for address, gpu in sorted(gpus.items()):
         for signal in gpu.get("signals") or []:
             action = str(signal.get("action") or gpu.get("action") or "none")
             if action in OUT_OF_SERVICE:
                 evidence = f"{signal.get('kind')}: {signal.get('detail', '')}"
-                found.append(Asking(address, evidence, action))
+                found.append(Asking(address, evidence, action, identity(gpu)))
     for event in events:
         action = str(event.get("action") or "none")
         if action in OUT_OF_SERVICE:
+            address = str(event.get("pci_address"))
             evidence = f"Xid {event.get('xid')} ({event.get('meaning')})"
-            found.append(Asking(str(event.get("pci_address")), evidence, action))
+            found.append(Asking(address, evidence, action, identity(gpus.get(address) or {})))
     return found
 
 
@@ -183,15 +202,18 @@ def owed(
     if not found:
         return before
     gpus = {a: list(e) for a, e in (before.gpus if before else {}).items()}
+    ids = dict(before.ids) if before else {}
     for one in found:
         if one.evidence not in gpus.setdefault(one.address, []):
             gpus[one.address].append(one.evidence)
+        if one.identity:
+            ids[one.address] = one.identity
     actions = [one.action for one in found] + ([before.action] if before else [])
     action, why = max(actions, key=severity), before.why if before else ""
     if before is None and remedied_at is not None and now - remedied_at < window:
         action = "replace"
         why = f"asked again {now - remedied_at:.0f} s after its last remediation"
-    return Remedy(action, gpus, before.since if before else now, why)
+    return Remedy(action, gpus, before.since if before else now, why, ids)
 
 
 def breaker_open(owing: int, threshold: int) -> bool:

@@ -148,7 +148,8 @@ def held(ctx: Context, work: Cycle, record: HostRecord, run: HostRun) -> bool:
         work.report.say(record.name, said)
         return True
     again = gpu_health.owed(before, asking, ctx.clock(), None, 0.0) or Remedy("replace")
-    quarantined = Remedy("replace", again.gpus, again.since, f"asked again right after its {done}")
+    why = f"asked again right after its {done}"
+    quarantined = Remedy("replace", again.gpus, again.since, why, again.ids)
     ctx.writer.quarantine_gpus(record, quarantined)
     work.report.say(record.name, f"GPU quarantined: {quarantined.text}")
     return False

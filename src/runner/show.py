@@ -82,7 +82,8 @@ def host_line(record: HostRecord) -> str:
     why = record.reason if record.reason.startswith(f"{where}:") else f"{where}: {record.reason}"
     gpus = Remedy.of(record.remedy) if record.quarantined else None
     if gpus is not None:
-        return f"quarantined for its GPUs ({gpus.text}); once seen to: runner release {record.name}"
+        said = gpus.evidence
+        return f"quarantined for its GPUs ({said}); once seen to: runner release {record.name}"
     if record.quarantined:
         return f"quarantined ({why}); once fixed: runner release {record.name}"
     if record.status in UNWELL:

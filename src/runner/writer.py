@@ -139,7 +139,8 @@ class Writer:
         reason = f"GPU quarantined: {remedy.text}"
         record.rollout_phase, record.rollout_reason = RolloutPhase.HALTED, reason
         hint = f"once the GPU is replaced or cleared: {program()} release {record.name}"
-        event = self._entry(record.name, HistoryKind.QUARANTINE, "gpu", f"{reason}; {hint}")
+        said = f"GPU quarantined: {remedy.evidence}; {hint}"
+        event = self._entry(record.name, HistoryKind.QUARANTINE, "gpu", said)
         self.save(record, [event])
         self.observe.host_quarantined(record.name)
         self.observe.remediated(record.name, remedy.action, False)

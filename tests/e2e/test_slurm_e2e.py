@@ -429,3 +429,8 @@ def test_a_burst_is_held_by_the_breaker_and_a_remapping_failure_is_quarantined(
     assert "DRAIN" in fleet.scontrol(MIG)["State"]
     shown = fleet.runner("status").stdout
     assert f"quarantined for its GPUs (replace asked (GPU {address}: remap-failure" in shown
+    # With who the GPU is, as nvidia-smi reads it: what its vendor asks for.
+    query = ["--query-gpu=pci.bus_id,uuid,serial", "--format=csv,noheader"]
+    boards = [r.split(", ") for r in fleet.on_node(MIG, "nvidia-smi", *query).stdout.splitlines()]
+    [(uuid, serial)] = [(u, s) for bus, u, s in boards if bus.lower().endswith(address[4:])]
+    assert f"GPU {address}: uuid {uuid}, serial {serial}]" in shown, shown

@@ -30,7 +30,15 @@ def test_a_real_healthy_h200_gives_no_signal():
     assert row["clocks_event_reasons.active"] == "0x0000000000000001"  # idle, nothing else
     assert row["remapped_rows.pending"] == "No"
     assert gh.row_signals(row) == []
-    assert gh.gpu_health([row], {}) == {"0000:00:06.0": {"action": "none", "signals": []}}
+    # Its identity, as the real board gave it, goes with its health.
+    assert gh.gpu_health([row], {}) == {
+        "0000:00:06.0": {
+            "action": "none",
+            "signals": [],
+            "uuid": "GPU-2a568e35-c02a-acb0-224e-4c1b7db0f729",
+            "serial": "1653824161985",
+        }
+    }
 
 
 def _row(**fields: str) -> dict:
@@ -287,4 +295,10 @@ def test_a_real_h100s_answer_to_the_health_query_is_one_call_and_no_signal():
     assert (len(calls), unreachable, error) == (1, {}, None)
     [row] = rows
     assert (row["name"], row["gpu_recovery_action"]) == ("NVIDIA H100 80GB HBM3", "None")
-    assert gh.gpu_health(rows, unreachable) == {"0000:00:06.0": {"action": "none", "signals": []}}
+    assert gh.gpu_health(rows, unreachable) == {
+        "0000:00:06.0": {
+            "action": "none",
+            "signals": [],
+            "uuid": "GPU-b43c57e7-cc2b-1cae-51e7-e52cd295a5db",
+        }
+    }

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ansible_collections.gpufleet.nvidia.plugins.module_utils import gpu_health, smi
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import gpu_health, node_state, smi
 from conftest import NVIDIA_SMI, PROJECT, mock_nvml_library, nvml_env
 from gpusim import node, profiles
 
@@ -376,14 +376,21 @@ def test_health_through_debians_nvidia_smi_falls_back_and_reads_no_fault(gpu_nod
         done = gpu_node.run(*argv[1:])
         return done.returncode, done.stdout, done.stderr
 
-    rows, unreachable, error = gpu_health.query(run, "nvidia-smi", smi.QUERY_FIELDS)
+    rows, unreachable, error = gpu_health.query(run, "nvidia-smi", node_state.SMI_FIELDS)
     assert (unreachable, error) == ({}, None)
     assert calls == ["--query-gpu", "--query-gpu", "--query-remapped-rows"]
     assert [r["pci.bus_id"] for r in rows] == [g.bus_id for g in prof.gpus]
     assert {(r["remapped_rows.pending"], r["remapped_rows.failure"]) for r in rows} == {("0", "0")}
     assert {r["pcie.link.width.current"] for r in rows} == {"16"}
+    # The probe's query: each GPU's UUID and serial come with its health.
     assert gpu_health.gpu_health(rows, unreachable) == {
-        gpu_health.pci_address(g.bus_id): {"action": "none", "signals": []} for g in prof.gpus
+        gpu_health.pci_address(g.bus_id): {
+            "action": "none",
+            "signals": [],
+            "uuid": g.uuid,
+            "serial": g.serial,
+        }
+        for g in prof.gpus
     }
 
 

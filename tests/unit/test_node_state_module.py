@@ -123,9 +123,10 @@ class FakeNode:
         if kind == "--query-remapped-rows":
             fields = ["pci.bus_id" if f == "gpu_bus_id" else f for f in fields]
         else:
-            assert kind == "--query-gpu" and fields[:3] == [
+            assert kind == "--query-gpu" and fields[:4] == [
                 "pci.bus_id",
                 "uuid",
+                "serial",
                 "mig.mode.current",
             ]
         refused = [f for f in fields if f in gh.NEWER_FIELDS and not self.newer_fields]
@@ -139,7 +140,12 @@ class FakeNode:
                     f"Unable to determine the device handle for GPU {pci_bus_id}: {self.lost[bus]}"
                 )
                 continue
-            values = {"pci.bus_id": pci_bus_id, "uuid": f"GPU-{bus}", "mig.mode.current": mig}
+            values = {
+                "pci.bus_id": pci_bus_id,
+                "uuid": f"GPU-{bus}",
+                "serial": f"1324{int(bus[5:7], 16):04d}",
+                "mig.mode.current": mig,
+            }
             values |= HEALTHY | self.health.get(bus, {})
             lines.append(", ".join(values[f] for f in fields))
         return (15 if self.lost else 0), "\n".join(lines) + "\n", ""
@@ -608,8 +614,8 @@ def test_health_comes_with_the_probes_one_nvidia_smi_call(node, components, tmp_
     assert [os.path.basename(c[0]) for c in node.calls].count("nvidia-smi") == 1
     assert health["action"] == "none"
     assert health["gpus"] == {
-        T4: {"action": "none", "signals": []},
-        A100: {"action": "none", "signals": []},
+        T4: {"action": "none", "signals": [], "uuid": f"GPU-{T4}", "serial": "13240059"},
+        A100: {"action": "none", "signals": [], "uuid": f"GPU-{A100}", "serial": "13240175"},
     }
     assert health["xid_events"] == []
 
@@ -648,6 +654,8 @@ def test_a_failing_gpu_is_named_with_what_it_asks_for_and_is_not_drift(node, com
         ("pcie-width", "none"),  # the site's override
     ]
     assert t4["action"] == "watch"
+    # Who the GPU is goes with its health: the evidence a vendor asks for.
+    assert (t4["uuid"], t4["serial"]) == (f"GPU-{T4}", "13240059")
     a100 = health["gpus"][A100]["signals"]
     assert [(s["kind"], s["action"]) for s in a100] == [
         ("ecc-dbe", "watch"),
@@ -671,7 +679,12 @@ def test_a_gpu_nvidia_smi_cannot_open_is_lost_and_the_others_still_read(node, co
     drift = ns.compare(recorded, ns.current_record(reader, components))
     assert [(e["name"], e["current"]) for e in drift["mig"]] == [(A100, None)]
     health = reader.health(kernel_log="/nonexistent/kmsg")
-    assert health["gpus"][T4] == {"action": "none", "signals": []}
+    assert health["gpus"][T4] == {
+        "action": "none",
+        "signals": [],
+        "uuid": f"GPU-{T4}",
+        "serial": "13240059",
+    }
     [lost] = health["gpus"][A100]["signals"]
     assert (lost["kind"], lost["action"]) == ("lost", "reboot")
     assert lost["detail"].endswith(

@@ -147,3 +147,33 @@ def test_the_loop_keeps_health_records_it_and_shows_it(store: StateStore, capsys
     assert [e.summary for e in store.history() if e.kind == HistoryKind.HEALTH][-1] == (
         "GPU 0000:af:00.0: no signal any more"
     )
+
+
+def test_what_is_owed_keeps_who_the_gpus_are_and_an_xid_takes_its_gpus():
+    """The UUID and serial the probe read go with the evidence (a vendor asks for them
+    when a GPU is sent back), also for an Xid, and are kept when the GPU is later lost
+    and nvidia-smi can no longer say who it is."""
+    first = reading({A100: [signal("ecc-dbe", "reset", "2 since the driver loaded")]})
+    first["gpus"][A100] |= {"uuid": "GPU-a1", "serial": "1321"}
+    first["gpus"][T4] = {"action": "none", "signals": [], "uuid": "GPU-t4", "serial": "1320"}
+    assert health.stored(first)["gpus"][A100]["serial"] == "1321"
+    assert T4 not in health.stored(first)["gpus"]  # healthy: nothing kept
+    asked = health.asking(first, [xid(7, 100, 79, "reboot", T4)])
+    assert [(a.address, a.identity) for a in asked] == [
+        (A100, "uuid GPU-a1, serial 1321"),
+        (T4, "uuid GPU-t4, serial 1320"),
+    ]
+    owed = health.owed(None, asked, 10.0, None, 0.0)
+    assert owed is not None and owed.ids == {
+        A100: "uuid GPU-a1, serial 1321",
+        T4: "uuid GPU-t4, serial 1320",
+    }
+    lost = health.asking(reading({A100: [signal("lost", "reboot", "GPU is lost")]}), [])
+    later = health.owed(health.Remedy.of(owed.stored()), lost, 20.0, None, 0.0)
+    assert later is not None and later.ids == owed.ids
+    assert later.evidence == (
+        f"{later.text} [GPU {T4}: uuid GPU-t4, serial 1320; GPU {A100}: uuid GPU-a1, serial 1321]"
+    )
+    # Nothing read of who they are: the record is as before, and so is the text.
+    bare = health.owed(None, lost, 20.0, None, 0.0)
+    assert bare is not None and "ids" not in bare.stored() and bare.evidence == bare.text

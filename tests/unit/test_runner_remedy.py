@@ -134,6 +134,7 @@ def test_a_remapping_failure_is_quarantined_with_its_evidence_and_never_returned
     engine.nodes["a"].health = reading(
         {H100: [signal("remap-failure", "replace", "remapped_rows.failure is Yes")]}
     )
+    engine.nodes["a"].health["gpus"][H100] |= {"uuid": "GPU-5e1d", "serial": "1654822007312"}
     reconciler.cycle()
     a = store.host("a")
     assert a.quarantined and a.rollout_phase == "halted"
@@ -141,9 +142,11 @@ def test_a_remapping_failure_is_quarantined_with_its_evidence_and_never_returned
     assert a.remedy["gpus"] == {H100: ["remap-failure: remapped_rows.failure is Yes"]}
     assert engine.remedies == [] and "apply" not in [c for c, _ in engine.calls]
     assert engine.slurm_drained["a"].startswith(f"gpufleet: GPU {H100} replace (remap-failure")
+    identity = f"[GPU {H100}: uuid GPU-5e1d, serial 1654822007312]"
+    assert identity not in engine.slurm_drained["a"]  # Slurm's reason stays short
     (entry,) = summaries(store, "a", HistoryKind.QUARANTINE)
     assert entry.startswith(f"GPU quarantined: replace asked (GPU {H100}: remap-failure")
-    assert entry.endswith("python -m runner release a")
+    assert identity in entry and entry.endswith("python -m runner release a")
     text = generate_latest(metrics.registry).decode()
     assert 'gpufleet_remediations_total{action="replace",host="a",result="quarantined"}' in text
     assert 'gpufleet_host_quarantined{host="a"} 1.0' in text
@@ -158,6 +161,7 @@ def test_a_remapping_failure_is_quarantined_with_its_evidence_and_never_returned
     show.print_status(store.hosts(), store.cluster(), store.rollouts(), clock())
     out = capsys.readouterr().out
     assert f"quarantined for its GPUs (replace asked (GPU {H100}: remap-failure" in out
+    assert identity in out
     assert show.unwell(store.host("a"))
 
 

@@ -44,6 +44,8 @@ HEALTH_FIELDS = (
 # Fields --query-gpu has on newer drivers only (580 has them, Debian's 535 refuses the
 # first): where refused, the query is made without them and the remapped rows read with
 # --query-remapped-rows, which 535 has (the recovery action it has nowhere).
+# A GPU's identity, kept with its health where the query asked for it.
+IDENTITY_FIELDS = ("uuid", "serial")
 NEWER_FIELDS = ("remapped_rows.pending", "remapped_rows.failure", "gpu_recovery_action")
 _REMAPPED_QUERY = (
     "--query-remapped-rows=gpu_bus_id,remapped_rows.pending,remapped_rows.failure",
@@ -349,21 +351,23 @@ def gpu_health(
     addresses: Iterable[str] = (),
 ) -> dict[str, dict[str, Any]]:
     """{PCI address: {"action", "signals"}} for each GPU nvidia-smi answered for or
-    could not open. A GPU it named by index is placed by `addresses`, the node's GPUs'
-    PCI addresses: NVML numbers GPUs in PCI bus order."""
+    could not open, with its "uuid" and "serial" where the rows give them (the evidence
+    a vendor asks for when a GPU is sent back). A GPU it named by index is placed by
+    `addresses`, the node's GPUs' PCI addresses: NVML numbers GPUs in PCI bus order."""
     ordered = sorted(addresses)
     health = {}
     for row in rows or []:
         signals = row_signals(row, overrides)
-        health[pci_address(row["pci.bus_id"])] = signals
+        identity = {k: row[k] for k in IDENTITY_FIELDS if row.get(k)}
+        health[pci_address(row["pci.bus_id"])] = {"signals": signals, **identity}
     for key, reason in unreachable.items():
         index = int(key.removeprefix("index:")) if key.startswith("index:") else None
         if index is not None:
             key = ordered[index] if index < len(ordered) else key
-        health[key] = [unreachable_signal(reason, overrides)]
+        health[key] = {"signals": [unreachable_signal(reason, overrides)]}
     return {
-        address: {"action": worst(s["action"] for s in signals), "signals": signals}
-        for address, signals in health.items()
+        address: {"action": worst(s["action"] for s in gpu["signals"]), **gpu}
+        for address, gpu in health.items()
     }
 
 

@@ -50,7 +50,7 @@ _UNIT_RE = re.compile(r"^[A-Za-z0-9:_.@\\-]+$")
 VERSIONLOCK_LISTS = ("/etc/dnf/plugins/versionlock.list",)
 DPKG_QUERY_FORMAT = "${Package}|${Version}|${db:Status-Abbrev}\n"
 RPM_QUERY_FORMAT = "%{NAME}|%|EPOCH?{%{EPOCH}:}:{}|%{VERSION}-%{RELEASE}\n"
-SMI_FIELDS = ("pci.bus_id", "uuid", "mig.mode.current")
+SMI_FIELDS = ("pci.bus_id", "uuid", "serial", "mig.mode.current")
 SYSTEMCTL_PROPERTIES = ("Id", "UnitFileState", "ActiveState")
 _HASH_CHUNK = 1 << 20
 
