@@ -19,13 +19,13 @@ export ANSIBLE_FORCE_COLOR ?= 0
 export NO_COLOR ?= 1
 export PY_COLORS ?= 0
 
-.PHONY: help deps venv dist docs consumers toolkit migparted image repo fleet fleet-down fleet-status controlplane cluster cluster-down demo test lint unit e2e e2e-cluster e2e-nodes e2e-rollout molecule molecule-cluster bench clean
+.PHONY: help deps venv dist docs consumers toolkit migparted image repo fleet fleet-down fleet-status controlplane cluster cluster-down demo test lint unit e2e e2e-cluster e2e-nodes molecule molecule-cluster bench clean
 
 help:
 	@echo "make demo    start the simulated GPU fleet and run the main job on it"
 	@echo "make test    run lint, unit, e2e tests and molecule scenarios (what CI runs)"
 	@echo "make dist    build the controller's wheel into dist/ (pip install dist/gpufleet-*.whl)"
-	@echo "make fleet | fleet-status | fleet-down | cluster | cluster-down | lint | unit | e2e | e2e-rollout | molecule | bench | docs | clean"
+	@echo "make fleet | fleet-status | fleet-down | cluster | cluster-down | lint | unit | e2e | molecule | bench | docs | clean"
 
 deps:
 	@bash tests/sim/host-deps.sh
@@ -120,11 +120,6 @@ e2e-cluster: image repo controlplane consumers
 
 e2e-nodes: image repo consumers
 	pytest tests/e2e --ignore=$(E2E_CLUSTER) --durations=12
-
-# A driver rollout across cycles on four simulated T4s, with drift repaired between its
-# batches and a SIGTERM between them (about 15 minutes): not part of `make test` either.
-e2e-rollout: image repo
-	pytest tests/e2e_rollout --durations=5
 
 # Not part of `make test`: measures, asserts nothing (see tests/bench).
 bench: image repo

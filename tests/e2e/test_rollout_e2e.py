@@ -2,10 +2,8 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """A driver rollout across reconcile cycles, on four simulated T4 nodes.
 
-Not part of `make test` (CI's time budget: about 15 minutes on 2 cores): run with
-`make e2e-rollout`. Three nodes get an older driver build, one at a time
-(max_parallel 1); the fourth has its exporter stopped by hand while the first batch
-applies. The loop's cycles go on while a batch applies in the background, so they
+Three nodes get an older driver build, one at a time (max_parallel 1); the
+fourth has its exporter stopped by hand while the first batch applies. The loop's cycles go on while a batch applies in the background, so they
 repair that drift before the first batch ends; the loop is stopped with SIGTERM
 during the second batch (which it finishes first), and a restarted reconciler
 finishes the third without planning it again.
@@ -15,13 +13,10 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 from test_runner_e2e import FLEET, Fleet, cli_data, start_fleet
 
 ROLLED = ["ro-1", "ro-2", "ro-3"]
