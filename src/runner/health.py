@@ -21,6 +21,8 @@ ACTIONS = ("none", "watch", "reset", "reboot", "replace")
 # replacement quarantines it; the ones below are recorded and counted only.
 OUT_OF_SERVICE = ("reset", "reboot", "replace")
 REMEDIATED = ("reset", "reboot")
+# What the probe says of who a GPU is (as the collection's gpu_health.IDENTITY_FIELDS).
+IDENTITY = ("uuid", "serial")
 
 
 def severity(action: str) -> int:
@@ -42,7 +44,7 @@ def stored(reading: Mapping[str, Any]) -> dict[str, Any]:
                 {"kind": s.get("kind"), "detail": s.get("detail", "")}
                 for s in gpu.get("signals") or []
             ],
-            **{k: gpu[k] for k in ("uuid", "serial") if gpu.get(k)},
+            **{k: gpu[k] for k in IDENTITY if gpu.get(k)},
         }
         for address, gpu in sorted(gpus.items())
         if gpu.get("signals")
@@ -166,7 +168,7 @@ class Asking:
 
 def identity(gpu: Mapping[str, Any]) -> str:
     """A GPU's UUID and serial number as the probe read them ("" for neither)."""
-    return ", ".join(f"{k} {gpu[k]}" for k in ("uuid", "serial") if gpu.get(k))
+    return ", ".join(f"{k} {gpu[k]}" for k in IDENTITY if gpu.get(k))
 
 
 def asking(reading: Mapping[str, Any], events: Sequence[Mapping[str, Any]]) -> list[Asking]:

@@ -2,11 +2,12 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """A driver rollout across reconcile cycles, on four simulated T4 nodes.
 
-Three nodes get an older driver build, one at a time (max_parallel 1); the
-fourth has its exporter stopped by hand while the first batch applies. The loop's cycles go on while a batch applies in the background, so they
-repair that drift before the first batch ends; the loop is stopped with SIGTERM
-during the second batch (which it finishes first), and a restarted reconciler
-finishes the third without planning it again.
+Three nodes get an older driver build, one at a time (max_parallel 1); the fourth has
+its exporter stopped by hand while the first batch applies. The loop's cycles go on
+while a batch applies in the background, so they repair that drift before the first
+batch ends; the loop is stopped with SIGTERM during the second batch (which it
+finishes first), and a restarted reconciler finishes the third without planning it
+again.
 """
 
 from __future__ import annotations

@@ -65,6 +65,7 @@ def test_the_runner_orders_actions_as_the_collection_does():
     from ansible_collections.gpufleet.nvidia.plugins.module_utils import gpu_health
 
     assert health.ACTIONS == gpu_health.ACTIONS
+    assert health.IDENTITY == gpu_health.IDENTITY_FIELDS
 
 
 def test_only_gpus_with_signals_are_kept_and_an_unread_probe_keeps_nothing():
