@@ -44,9 +44,9 @@ HEALTH_FIELDS = (
 # Fields --query-gpu has on newer drivers only (580 has them, Debian's 535 refuses the
 # first): where refused, the query is made without them and the remapped rows read with
 # --query-remapped-rows, which 535 has (the recovery action it has nowhere).
+NEWER_FIELDS = ("remapped_rows.pending", "remapped_rows.failure", "gpu_recovery_action")
 # A GPU's identity, kept with its health where the query asked for it.
 IDENTITY_FIELDS = ("uuid", "serial")
-NEWER_FIELDS = ("remapped_rows.pending", "remapped_rows.failure", "gpu_recovery_action")
 _REMAPPED_QUERY = (
     "--query-remapped-rows=gpu_bus_id,remapped_rows.pending,remapped_rows.failure",
     "--format=csv,noheader,nounits",
