@@ -10,7 +10,10 @@ from typing import Any
 
 def drift_summary(item: Mapping[str, Any]) -> str:
     """One drift item in words: what it is and which of its fields changed, e.g.
-    "service dcgm-exporter.service: active_state active -> inactive"."""
+    "service dcgm-exporter.service: active_state active -> inactive"; an item that says
+    why in its own `reason` (kernel drift, which names its kernel) in those words."""
+    if item.get("reason"):
+        return str(item["reason"])
     recorded, current = item.get("recorded"), item.get("current")
     what = f"{item['kind']} {item['name']}"
     if current is None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import driver_plan as dp
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import kernels
 
 
 def driver_offer_prefix(facts, source="distro"):
@@ -92,6 +93,11 @@ def driver_kernel_modules(plan, available=(), installed_images=()):
     return dp.kernel_modules(plan, available or [], installed_images or [])
 
 
+def driver_kernel_repair(plan, release, available=()):
+    """What gives kernel `release` the driver's module; see kernels.repair_packages."""
+    return kernels.repair_packages(plan, release, available or [])
+
+
 def driver_differs(driver, plan):
     """Whether the driver (version, module_type) is not the one the plan installs."""
     return dp.differs(driver.get("version"), driver.get("module_type"), plan)
@@ -104,5 +110,6 @@ class FilterModule:
             "driver_offer_prefix": driver_offer_prefix,
             "driver_plan": driver_plan,
             "driver_kernel_modules": driver_kernel_modules,
+            "driver_kernel_repair": driver_kernel_repair,
             "driver_differs": driver_differs,
         }

@@ -35,6 +35,43 @@ def secure_boot_state(efivar: bytes | None, efi_present: bool) -> str:
     return "enabled" if efivar[4] == 1 else "disabled"
 
 
+def installed_driver(run, which):
+    """The driver a package manager installed ({version, module_type, installed_by,
+    package}, from dpkg-query or rpm), else the one modinfo finds for the running
+    kernel (installed_by `other`); None without one. `run(argv)` gives (rc, out, err),
+    `which(name)` a program's path."""
+    dpkg_query = which("dpkg-query")
+    if dpkg_query:
+        _rc, out, _err = run(
+            [
+                dpkg_query,
+                "-W",
+                "-f=" + DPKG_QUERY_FORMAT.replace("\\n", "\n"),
+                *DPKG_DRIVER_PATTERNS,
+            ]
+        )
+        found = installed_from_dpkg(out)
+        if found:
+            return found
+    rpm = which("rpm")
+    if rpm:
+        _rc, out, _err = run([rpm, "-qa", "--qf", "%{NAME}|%{VERSION}\n", *RPM_DRIVER_PATTERNS])
+        found = installed_from_rpm(out)
+        if found:
+            return found
+    modinfo = which("modinfo")
+    if modinfo:
+        rc, out, _err = run([modinfo, "-F", "version", "nvidia"])
+        if rc == 0 and out.strip():
+            return {
+                "version": out.strip(),
+                "module_type": None,
+                "installed_by": "other",
+                "package": None,
+            }
+    return None
+
+
 def driver_facts(
     loaded_version: str | None, taint: str | None, installed: dict[str, str] | None
 ) -> dict[str, Any]:

@@ -28,6 +28,7 @@ import stat
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import (
     discovery,
     gpu_health,
+    kernels,
     pci,
     smi,
 )
@@ -532,3 +533,24 @@ def _node_drift(recorded, current):
         named = named or [{"kind": kind, "name": "all", "recorded": rec, "current": cur}]
         entries.extend((MIG_COMPONENT, entry) for entry in named)
     return entries
+
+
+def kernel_drift(kernel, recorded):
+    """Drift entries (component NODE_COMPONENT) for the kernel the node boots next when
+    it lacks the nvidia module of the driver the last apply left (`recorded`'s); each
+    says why in `reason`. `kernel` is kernels.read's."""
+    version = ((recorded.get("node") or {}).get("driver") or {}).get("version")
+    found = kernels.problems(kernel, version)
+    if not found:
+        return []
+    release = kernel["boot_next"]
+    module = kernel["modules"].get(release) or {}
+    return [
+        {
+            "kind": "kernel",
+            "name": release,
+            "recorded": {"nvidia": version},
+            "current": {"nvidia": module.get("version")},
+            "reason": "; ".join(found),
+        }
+    ]

@@ -131,6 +131,17 @@ ansible_facts:
         secure_boot:
           description: C(enabled), C(disabled) or C(unsupported) (no EFI).
           type: str
+        kernel:
+          description:
+            - The node's kernels - C(running) (its release), C(installed) (the releases
+              of the kernel images under C(/boot), oldest first), C(boot_next) (the one
+              the boot loader starts next; null with no kernel image under C(/boot)),
+              C(boot_next_from) (how that was found - C(grub next_entry),
+              C(grub saved_entry), C(GRUB_DEFAULT), C(newest installed)) and C(modules),
+              each of those releases to its nvidia module (C(path), C(version) and
+              C(built_for), the release in its vermagic) or null when it has none, and
+              C(dkms), the NVIDIA module sources DKMS can build (C(name), C(version)).
+          type: dict
         os:
           description: C(id), C(version_id) and C(kernel) of the node.
           type: dict
@@ -168,6 +179,7 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils import (
     discovery,
     gpu_health,
     gpu_models,
+    kernels,
     pci,
     smi,
 )
@@ -195,41 +207,6 @@ def _os_release():
         "version_id": data.get("VERSION_ID"),
         "kernel": platform.release(),
     }
-
-
-def _installed_driver(module):
-    dpkg_query = module.get_bin_path("dpkg-query")
-    if dpkg_query:
-        rc, out, _ = module.run_command(
-            [
-                dpkg_query,
-                "-W",
-                "-f=" + discovery.DPKG_QUERY_FORMAT.replace("\\n", "\n"),
-                *discovery.DPKG_DRIVER_PATTERNS,
-            ]
-        )
-        found = discovery.installed_from_dpkg(out)
-        if found:
-            return found
-    rpm = module.get_bin_path("rpm")
-    if rpm:
-        rc, out, _ = module.run_command(
-            [rpm, "-qa", "--qf", "%{NAME}|%{VERSION}\n", *discovery.RPM_DRIVER_PATTERNS]
-        )
-        found = discovery.installed_from_rpm(out)
-        if found:
-            return found
-    modinfo = module.get_bin_path("modinfo")
-    if modinfo:
-        rc, out, _ = module.run_command([modinfo, "-F", "version", "nvidia"])
-        if rc == 0 and out.strip():
-            return {
-                "version": out.strip(),
-                "module_type": None,
-                "installed_by": "other",
-                "package": None,
-            }
-    return None
 
 
 def _query_smi(module, unreachable):
@@ -297,7 +274,9 @@ def gather(module, sysfs_root, query_driver, overrides=None, kernel_log=True):
     module_dir = os.path.join(sysfs_root, "module")
     loaded_version = (_read(os.path.join(module_dir, "nvidia", "version")) or "").strip() or None
     taint = _read(os.path.join(module_dir, "nvidia", "taint"))
-    installed = _installed_driver(module) if gpus else None
+    installed = (
+        discovery.installed_driver(module.run_command, module.get_bin_path) if gpus else None
+    )
     driver = discovery.driver_facts(loaded_version, taint.strip() if taint else None, installed)
 
     rows = xml = None
@@ -333,6 +312,7 @@ def gather(module, sysfs_root, query_driver, overrides=None, kernel_log=True):
         "persistence_mode": all(persistence) if persistence else None,
         "nouveau_loaded": os.path.isdir(os.path.join(module_dir, "nouveau")),
         "secure_boot": discovery.secure_boot_state(efivar, os.path.isdir(efi_dir)),
+        "kernel": kernels.read(module.run_command, module.get_bin_path),
         "os": _os_release(),
         "container_runtimes": runtimes,
         "labels": discovery.labels(gpu_list, driver, cuda_version),

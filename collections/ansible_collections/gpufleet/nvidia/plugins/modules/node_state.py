@@ -129,11 +129,15 @@ drifted:
 drift:
   description:
     - Component name to the items that differ from the record, each with C(kind)
-      (C(file), C(package), C(service), C(driver) or C(mig)), C(name) (path, package,
-      unit, C(nvidia) or a GPU's PCI address), C(recorded) and C(current) (the states
-      as recorded; null means missing, not installed or unknown). A difference of the
-      node itself (driver, MIG mode) is listed under C(driver). Empty when nothing
-      differs or there is no record.
+      (C(file), C(package), C(service), C(driver), C(kernel) or C(mig)), C(name)
+      (path, package, unit, C(nvidia), a kernel release or a GPU's PCI address),
+      C(recorded) and C(current) (the states as recorded; null means missing, not
+      installed or unknown). A difference of the node itself (driver, MIG mode) is
+      listed under C(driver). Empty when nothing differs or there is no record.
+    - "C(kernel) drift is not a difference from the record but a kernel that would
+      boot next without the nvidia module of the recorded driver (no module, another
+      version, built for another kernel); its C(reason) says which, and C(recorded)
+      and C(current) hold the driver's and the module's version under C(nvidia)."
   returned: when state is probe
   type: dict
   sample:
@@ -158,6 +162,7 @@ import tempfile
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import gpu_health as gh
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import kernels
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import node_state as ns
 
 DIRECTORY_MODE = 0o700
@@ -265,6 +270,8 @@ def probe(module, overrides):
         no_record(f"record at {path} {exc}")
     current = ns.current_record(reader, ns.components_of(recorded))
     drift = ns.compare(recorded, current)
+    for entry in ns.kernel_drift(kernels.read(reader.run, reader.which), recorded):
+        drift.setdefault(ns.NODE_COMPONENT, []).append(entry)
     finish(recorded=True, reason="", drifted=bool(drift), drift=drift)
 
 

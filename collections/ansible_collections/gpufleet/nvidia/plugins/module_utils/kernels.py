@@ -1,0 +1,247 @@
+# Copyright: gpufleet developers
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The kernels a node has, the one it boots next, and the NVIDIA module each one has.
+
+A node loses its GPUs at a reboot when the kernel it boots has no NVIDIA module of its
+driver: a kernel update arrived and DKMS did not build the module for it (no headers,
+a failed build), or its precompiled module package does not exist yet. `read` gathers
+what decides it; `problems` says, in words, what is wrong with the kernel that boots
+next; `repair_packages` names what would give that kernel its module.
+
+Which kernel boots next, as the boot loaders decide it:
+- GRUB's environment block (`grubenv`) first: `next_entry` (a one-time choice made
+  with grub-reboot), then `saved_entry` where the default is the saved one
+  (GRUB_DEFAULT=saved in /etc/default/grub, which RHEL's grubby and BLS entries use);
+  an entry names its kernel by release (`gnulinux-6.1.0-41-amd64-advanced-<uuid>`,
+  `<machine-id>-5.14.0-427.el9.x86_64`).
+- GRUB_DEFAULT naming an entry by its title or id, the same way.
+- Otherwise the newest kernel installed: Debian's and Ubuntu's GRUB scripts list the
+  kernels newest first (version sort) and boot entry 0, and RHEL's kernel packages
+  make the newest the default as they install.
+A node with no kernel image under /boot (one that boots over the network, or a
+container) boots something gpufleet cannot see: nothing is checked there.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+BOOT_DIR = "/boot"
+MODULES_DIR = "/lib/modules"
+GRUBENV_PATHS = ("/boot/grub/grubenv", "/boot/grub2/grubenv")
+DEFAULT_GRUB = "/etc/default/grub"
+# Where DKMS packages put the module sources they register (<name>-<version>/dkms.conf).
+DKMS_SOURCES = "/usr/src"
+# The NVIDIA core module, as the packages install it under /lib/modules/<release>/:
+# nvidia.ko from NVIDIA's DKMS packages (updates/dkms), Canonical's precompiled ones
+# (kernel/nvidia-<branch>*) and NVIDIA's RHEL kmods (extra), nvidia-current.ko from
+# Debian's DKMS package (its dkms.conf renames the modules after the package); plain
+# or compressed as the kernel's modules are.
+MODULE_FILE = re.compile(r"^nvidia(-current)?\.ko(\.(xz|zst|gz))?$")
+# Not the kernel's tree: the headers DKMS builds against are linked from here.
+_SKIPPED_DIRS = ("build", "source")
+_VERSION_PART = re.compile(r"(\d+)|(\D+)")
+_DKMS_FIELD = re.compile(r"""\s*(PACKAGE_NAME|PACKAGE_VERSION)=["']?([^"'\s]+)""")
+
+
+def version_key(release):
+    """Orders kernel releases as `sort -V` does: numbers as numbers (6.1.0-41 after
+    6.1.0-9), other characters as text."""
+    return [
+        (0, int(number), "") if number else (1, 0, text)
+        for number, text in _VERSION_PART.findall(release)
+    ]
+
+
+def installed(boot_dir=BOOT_DIR):
+    """The releases of the kernel images under `boot_dir` (vmlinuz-<release>), oldest first."""
+    try:
+        names = os.listdir(boot_dir)
+    except OSError:
+        return []
+    releases = [name[len("vmlinuz-") :] for name in names if name.startswith("vmlinuz-")]
+    return sorted((r for r in releases if r), key=version_key)
+
+
+def parse_grubenv(text):
+    """GRUB's environment block: `name=value` lines, padded with '#'."""
+    found = {}
+    for line in (text or "").splitlines():
+        name, sep, value = line.partition("=")
+        if sep and not name.startswith("#"):
+            found[name.strip()] = value.strip()
+    return found
+
+
+def grub_default(text):
+    """GRUB_DEFAULT's value in /etc/default/grub's text (the last setting wins), or None."""
+    value = None
+    for line in (text or "").splitlines():
+        match = re.match(r"\s*GRUB_DEFAULT=(.*)$", line)
+        if match:
+            value = match.group(1).strip().strip("\"'")
+    return value
+
+
+def _named(entry, releases):
+    """The release an entry's title or id names (the longest that appears in it)."""
+    named = [release for release in releases if release in (entry or "")]
+    return max(named, key=len) if named else None
+
+
+def boot_next(releases, grubenv, default):
+    """(release, how it was found) of the kernel the node boots next; (None, why) when
+    no kernel image is installed. `grubenv` is parse_grubenv's, `default` GRUB_DEFAULT."""
+    if not releases:
+        return None, "no kernel image under /boot"
+    choices = [("grub next_entry", grubenv.get("next_entry"))]
+    if default == "saved":
+        choices.append(("grub saved_entry", grubenv.get("saved_entry")))
+    elif default and not default.isdigit():
+        choices.append(("GRUB_DEFAULT", default))
+    for how, entry in choices:
+        release = _named(entry, releases)
+        if release:
+            return release, how
+    return releases[-1], "newest installed"
+
+
+def find_module(release, modules_dir=MODULES_DIR):
+    """The path of the nvidia module installed for `release`, or None."""
+    top = os.path.join(modules_dir, release)
+    for root, dirs, files in os.walk(top):
+        if root == top:
+            dirs[:] = [d for d in dirs if d not in _SKIPPED_DIRS]
+        for name in sorted(files):
+            if MODULE_FILE.match(name):
+                return os.path.join(root, name)
+    return None
+
+
+def parse_modinfo(text):
+    """The `version` and the kernel release of `vermagic` in modinfo's output."""
+    fields = {}
+    for line in (text or "").splitlines():
+        name, sep, value = line.partition(":")
+        if sep and name.strip() in ("version", "vermagic") and name.strip() not in fields:
+            fields[name.strip()] = value.strip()
+    vermagic = fields.get("vermagic", "")
+    return {
+        "version": fields.get("version") or None,
+        "built_for": vermagic.split()[0] if vermagic else None,
+    }
+
+
+def dkms_sources(src_dir=DKMS_SOURCES):
+    """The NVIDIA module sources DKMS can build, [{name, version}] from each
+    <src_dir>/*/dkms.conf whose PACKAGE_NAME starts with "nvidia" (nvidia-current on
+    Debian, nvidia on NVIDIA's repository, nvidia-srv and the like on Ubuntu)."""
+    try:
+        names = sorted(os.listdir(src_dir))
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        fields = {}
+        for line in (_read(os.path.join(src_dir, name, "dkms.conf")) or "").splitlines():
+            match = _DKMS_FIELD.match(line)
+            if match:
+                fields.setdefault(match.group(1), match.group(2))
+        package = fields.get("PACKAGE_NAME", "")
+        if package.startswith("nvidia") and fields.get("PACKAGE_VERSION"):
+            found.append({"name": package, "version": fields["PACKAGE_VERSION"]})
+    return found
+
+
+def read(run, which, paths=None):
+    """The node's kernels: {running, installed, boot_next, boot_next_from, modules, dkms},
+    where modules maps each installed release (and the running one) to its nvidia
+    module ({path, version, built_for}) or None. `run(argv)` gives (rc, out, err); `which` a
+    program's path; dkms lists the module sources DKMS could build (dkms_sources).
+    `paths` overrides BOOT_DIR, MODULES_DIR, GRUBENV_PATHS, DEFAULT_GRUB, DKMS_SOURCES
+    (by those names, for tests)."""
+    where = {
+        "BOOT_DIR": BOOT_DIR,
+        "MODULES_DIR": MODULES_DIR,
+        "GRUBENV_PATHS": GRUBENV_PATHS,
+        "DEFAULT_GRUB": DEFAULT_GRUB,
+        "DKMS_SOURCES": DKMS_SOURCES,
+        **(paths or {}),
+    }
+    releases = installed(where["BOOT_DIR"])
+    grubenv = {}
+    for path in where["GRUBENV_PATHS"]:
+        text = _read(path)
+        if text is not None:
+            grubenv = parse_grubenv(text)
+            break
+    following, how = boot_next(releases, grubenv, grub_default(_read(where["DEFAULT_GRUB"])))
+    running = os.uname().release
+    modinfo = which("modinfo")
+    modules = {}
+    for release in sorted({*releases, running}, key=version_key):
+        path = find_module(release, where["MODULES_DIR"])
+        module = {"path": path, "version": None, "built_for": None} if path else None
+        if path and modinfo:
+            rc, out, _err = run([modinfo, path])
+            if rc == 0:
+                module.update(parse_modinfo(out))
+        modules[release] = module
+    return {
+        "running": running,
+        "installed": releases,
+        "boot_next": following,
+        "boot_next_from": how,
+        "modules": modules,
+        "dkms": dkms_sources(where["DKMS_SOURCES"]),
+    }
+
+
+def problems(kernel, driver_version):
+    """What is wrong with the kernel `kernel` (read's facts) boots next, for a node whose
+    driver is `driver_version`: [] when it has that driver's module, when nothing can
+    be seen to boot, or when the node has no driver."""
+    release = kernel.get("boot_next")
+    if not release or not driver_version:
+        return []
+    module = kernel["modules"].get(release)
+    if module is None:
+        return [f"kernel {release} is installed and would boot next, but has no nvidia module"]
+    found = []
+    if module["version"] and module["version"] != driver_version:
+        found.append(
+            f"kernel {release} would boot next with nvidia module {module['version']}, "
+            f"not the driver's {driver_version} (its GPUs would fail with a "
+            "driver/library version mismatch)"
+        )
+    if module["built_for"] and module["built_for"] != release:
+        found.append(
+            f"kernel {release} would boot next, but its nvidia module "
+            f"({module['path']}) was built for kernel {module['built_for']}"
+        )
+    return found
+
+
+def repair_packages(plan, release, available=()):
+    """The packages that give kernel `release` its nvidia module under the driver plan
+    `plan` (driver_plan's), with `available` the names apt knows under the plan's
+    precompiled prefix: Canonical's precompiled, signed module package where one exists
+    for that kernel; otherwise the kernel's headers, against which the driver's DKMS
+    package builds the module (DKMS's kernel hooks build it as the headers arrive),
+    with that DKMS package where the node had precompiled modules until now."""
+    precompiled = plan.get("precompiled")
+    if precompiled and precompiled["prefix"] + release in set(available):
+        return {"how": "precompiled", "packages": [precompiled["prefix"] + release]}
+    headers = f"kernel-devel-{release}" if plan["family"] == "rhel" else f"linux-headers-{release}"
+    dkms = [precompiled["dkms_package"]] if precompiled else []
+    return {"how": "dkms", "packages": [*dkms, headers]}
+
+
+def _read(path):
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return handle.read()
+    except OSError:
+        return None

@@ -1,0 +1,114 @@
+#!/usr/bin/python
+# Copyright: gpufleet developers
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Ansible module: the kernel a node boots next, and whether it has the driver's module."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: boot_kernel
+short_description: Find the kernel a node boots next and whether it has the NVIDIA module
+version_added: 0.2.0
+description:
+  - Reads the kernel images under C(/boot), the one the boot loader starts next (GRUB's
+    C(next_entry), its C(saved_entry) where C(GRUB_DEFAULT=saved), C(GRUB_DEFAULT)
+    naming an entry, else the newest installed, as Debian's, Ubuntu's and RHEL's boot
+    set-ups choose) and, for each of them and the running kernel, the nvidia module
+    installed under C(/lib/modules/<release>) with its version and the kernel its
+    C(vermagic) names (C(modinfo)).
+  - Says what is wrong with the kernel that boots next for the node's driver - no nvidia
+    module, a module of another version, a module built for another kernel - so that
+    a role can give it the module, or refuse a reboot that would leave the node
+    without its GPUs.
+  - A node with no kernel image under C(/boot) (one booted over the network, a
+    container) boots a kernel this module cannot see; nothing is reported wrong there.
+  - Reads only; changes nothing.
+options:
+  driver_version:
+    description:
+      - The driver version the kernel's module must have. Empty means the version a
+        package manager installed (C(dpkg-query) or C(rpm)), else the version
+        C(modinfo) reports for the running kernel's module.
+    type: str
+    default: ""
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+  platform:
+    platforms: posix
+author:
+  - gpufleet developers (!UNKNOWN)
+"""
+
+EXAMPLES = r"""
+- name: Read the kernel the node boots next
+  gpufleet.nvidia.boot_kernel:
+  register: _boot
+
+- name: Refuse to reboot into a kernel without the driver's module
+  ansible.builtin.fail:
+    msg: "{{ _boot.problems | join('; ') }}"
+  when: _boot.problems | length > 0
+"""
+
+RETURN = r"""
+kernel:
+  description:
+    - C(running), C(installed) (releases with an image under C(/boot), oldest first),
+      C(boot_next) (null without one), C(boot_next_from) (C(grub next_entry),
+      C(grub saved_entry), C(GRUB_DEFAULT) or C(newest installed)) and C(modules), each
+      of those releases to its nvidia module (C(path), C(version), C(built_for)) or
+      null.
+  returned: always
+  type: dict
+driver_version:
+  description: The version the module was held to; empty when the node has no driver.
+  returned: always
+  type: str
+  sample: 535.261.03
+problems:
+  description: What is wrong with the kernel that boots next, one sentence each; empty
+    when it has the driver's module, when no kernel image is installed, or when the
+    node has no driver.
+  returned: always
+  type: list
+  elements: str
+  sample:
+    - kernel 6.1.0-41-amd64 is installed and would boot next, but has no nvidia module
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import discovery, kernels
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={"driver_version": {"type": "str", "default": ""}},
+        supports_check_mode=True,
+    )
+
+    def run(argv):
+        return module.run_command(argv, environ_update={"LC_ALL": "C"})
+
+    version = module.params["driver_version"]
+    if not version:
+        installed = discovery.installed_driver(run, module.get_bin_path) or {}
+        version = installed.get("version") or ""
+    kernel = kernels.read(run, module.get_bin_path)
+    module.exit_json(
+        changed=False,
+        kernel=kernel,
+        driver_version=version,
+        problems=kernels.problems(kernel, version),
+    )
+
+
+if __name__ == "__main__":
+    main()

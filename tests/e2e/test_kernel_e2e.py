@@ -1,0 +1,165 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""A kernel update the driver's module did not follow (docs/kernels.md).
+
+On a converged simulated T4 (Debian 12, Debian's nvidia-kernel-dkms), Debian's current
+kernel arrives as unattended-upgrades would bring it: the kernel metapackage, without
+headers, so DKMS's own kernel hook skips the module build. The probe finds the kernel
+that would boot next without an nvidia module; with the repair off, the driver stage
+stops naming it; with it on, Debian's DKMS builds the module for that kernel against
+its headers, for real (the simulated node loads no module, but what a real host would
+build, this one builds); and a reboot into a kernel without the module is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from test_runner_e2e import FLEET, PROJECT, Fleet, start_fleet
+
+pytestmark = pytest.mark.fleet
+
+NODE = "kern-t4"
+SHORT_BACKOFF = ("--backoff-base", "1", "--backoff-cap", "1")
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    work = tmp_path_factory.mktemp("kernel")
+    inventory = start_fleet(work, {NODE: "t4-1"})
+    try:
+        fleet = Fleet(inventory, work / "state")
+        first = fleet.runner("reconcile", "--once", *SHORT_BACKOFF)
+        assert f"{NODE}: applied" in first.stdout, first.stdout + first.stderr
+        yield fleet
+    finally:
+        subprocess.run([*FLEET, "down", NODE], check=False)
+
+
+def run_on_node(fleet: Fleet, *command: str) -> str:
+    done = fleet.on_node(NODE, *command)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def new_kernel(fleet: Fleet) -> str:
+    """The release of the kernel installed by hand (Debian's newest for bookworm)."""
+    installed = fleet.on_node(
+        NODE,
+        *("env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "install", "-y"),
+        *("--no-install-recommends", "linux-image-amd64"),
+    )
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    # DKMS's own kernel hook, in its words: no headers, no module.
+    assert "skipped since the kernel headers for this kernel do not seem to be installed" in (
+        installed.stdout + installed.stderr
+    )
+    [release] = run_on_node(fleet, "linux-version", "list").split()
+    return release
+
+
+def modules_of(fleet: Fleet, release: str) -> list[str]:
+    """The modules DKMS installed for `release` (the kernel's own tree has NVIDIA-named
+    platform drivers, nvidia-wmi-ec-backlight, that are not the GPU driver)."""
+    found = fleet.on_node(NODE, "find", f"/lib/modules/{release}/updates", "-name", "*.ko*")
+    return sorted(Path(line).name for line in found.stdout.split())
+
+
+def test_a_kernel_without_the_drivers_module_is_drift_and_stops_the_driver_stage(
+    fleet: Fleet, new_kernel: str
+):
+    record = run_on_node(fleet, "cat", "/var/lib/gpufleet/applied.json")
+    off = json.dumps({"driver_kernel_repair": False})
+    result = fleet.runner("reconcile", "--once", *SHORT_BACKOFF, "-e", off)
+    words = f"kernel {new_kernel} is installed and would boot next, but has no nvidia module"
+    assert f"{NODE}: failed" in result.stdout, result.stdout + result.stderr
+    assert words + ": driver_kernel_repair is false" in result.stdout, result.stdout
+    drift = [e for e in fleet.history(NODE) if e["kind"] == "drift"]
+    assert drift[-1]["component"] == "driver" and drift[-1]["summary"] == words, drift
+    status = fleet.status()[NODE]
+    assert status["status"] == "failed" and status["stages"]["driver"] == "failed", status
+    # Nothing was built or changed: the last apply's record stands.
+    assert modules_of(fleet, new_kernel) == []
+    assert run_on_node(fleet, "cat", "/var/lib/gpufleet/applied.json") == record
+
+
+def test_the_next_cycle_has_dkms_build_the_module_for_that_kernel(fleet: Fleet, new_kernel: str):
+    time.sleep(2)  # past the backoff
+    result = fleet.runner("reconcile", "--once", *SHORT_BACKOFF)
+    assert f"{NODE}: applied; because drift" in result.stdout, result.stdout + result.stderr
+    assert "repaired driver" in result.stdout, result.stdout
+    driver = run_on_node(fleet, "dpkg-query", "-W", "-f=${Version}", "nvidia-kernel-dkms")
+    version = driver.split("-")[0]
+    # Debian's dkms.conf renames the modules after its package (nvidia-current*).
+    assert modules_of(fleet, new_kernel) == [
+        "nvidia-current-drm.ko",
+        "nvidia-current-modeset.ko",
+        "nvidia-current-peermem.ko",
+        "nvidia-current-uvm.ko",
+        "nvidia-current.ko",
+    ]
+    path = f"/lib/modules/{new_kernel}/updates/dkms/nvidia-current.ko"
+    assert run_on_node(fleet, "modinfo", "-F", "version", path).strip() == version
+    assert run_on_node(fleet, "modinfo", "-F", "vermagic", path).split()[0] == new_kernel
+    dkms = run_on_node(fleet, "dkms", "status")
+    assert f"nvidia-current/{version}, {new_kernel}, x86_64: installed" in dkms, dkms
+    again = fleet.runner("reconcile", "--once", *SHORT_BACKOFF)
+    assert "cycle: 1 probed, 0 planned, 0 applied" in again.stdout, again.stdout
+    assert fleet.status()[NODE]["status"] == "converged"
+
+
+REBOOT_PLAY = """\
+- name: Reboot the node as the MIG stage does
+  hosts: {node}
+  gather_facts: false
+  tasks:
+    - name: Reboot under driver_reboot_policy
+      ansible.builtin.include_role:
+        name: driver
+        tasks_from: reboot.yml
+      vars:
+        _driver_reboot_reason: for a MIG mode change
+        _driver_converges_itself: false
+"""
+
+
+def test_a_reboot_into_a_kernel_without_the_module_is_refused(
+    fleet: Fleet, new_kernel: str, tmp_path: Path
+):
+    version = run_on_node(fleet, "dkms", "status").split("/")[1].split(",")[0]
+    run_on_node(fleet, "dkms", "uninstall", f"nvidia-current/{version}", "-k", new_kernel)
+    assert modules_of(fleet, new_kernel) == []
+    booted = run_on_node(fleet, "ps", "-o", "lstart=", "-p", "1")
+    play = tmp_path / "reboot.yml"
+    play.write_text(REBOOT_PLAY.format(node=NODE))
+    result = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "ansible-playbook"),
+            "-i",
+            str(fleet.inventory),
+            str(play),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=PROJECT,
+        check=False,
+    )
+    out = result.stdout + result.stderr
+    assert result.returncode == 2, out
+    said = " ".join(out.split())
+    assert re.search(
+        rf"not rebooting {NODE} for a MIG mode change: kernel {re.escape(new_kernel)} is "
+        "installed and would boot next, but has no nvidia module, so the node would come "
+        "back without its GPUs",
+        said,
+    ), said
+    assert run_on_node(fleet, "ps", "-o", "lstart=", "-p", "1") == booted, "the node rebooted"
