@@ -7,8 +7,9 @@ kernel arrives as unattended-upgrades would bring it: the kernel metapackage, wi
 headers, so DKMS's own kernel hook skips the module build. The probe finds the kernel
 that would boot next without an nvidia module; with the repair off, the driver stage
 stops naming it; with it on, Debian's DKMS builds the module for that kernel against
-its headers, for real (the simulated node loads no module, but what a real host would
-build, this one builds); and a reboot into a kernel without the module is refused.
+its headers, for real, signed with the site's Machine Owner Key (the simulated node
+loads no module, but what a real host would build, this one builds); and a reboot
+into a kernel without the module is refused.
 """
 
 from __future__ import annotations
@@ -92,11 +93,47 @@ def test_a_kernel_without_the_drivers_module_is_drift_and_stops_the_driver_stage
     assert run_on_node(fleet, "cat", "/var/lib/gpufleet/applied.json") == record
 
 
-def test_the_next_cycle_has_dkms_build_the_module_for_that_kernel(fleet: Fleet, new_kernel: str):
+def site_signing_key(fleet: Fleet, work: Path) -> str:
+    """A Machine Owner Key of the site's, handed to the node's variables as a vault
+    would (host_vars); returns its certificate's serial as openssl prints it."""
+    key, certificate = work / "mok.key", work / "mok.pem"
+    subprocess.run(
+        [
+            *("openssl", "req", "-new", "-x509", "-nodes", "-days", "30"),
+            *("-subj", "/CN=gpufleet e2e module signing", "-newkey", "rsa:2048"),
+            *("-keyout", str(key), "-out", str(certificate)),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    host_vars = fleet.inventory / "host_vars"
+    host_vars.mkdir(exist_ok=True)
+    (host_vars / f"{NODE}.yml").write_text(
+        json.dumps(
+            {
+                "driver_secure_boot_signing_key": key.read_text(),
+                "driver_secure_boot_signing_certificate": certificate.read_text(),
+            }
+        )
+    )
+    serial = subprocess.run(
+        ["openssl", "x509", "-noout", "-serial", "-in", str(certificate)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return serial.stdout.strip().removeprefix("serial=")
+
+
+def test_the_next_cycle_has_dkms_build_the_module_for_that_kernel_signed_with_the_sites_key(
+    fleet: Fleet, new_kernel: str, tmp_path: Path
+):
+    serial = site_signing_key(fleet, tmp_path)
     time.sleep(2)  # past the backoff
     result = fleet.runner("reconcile", "--once", *SHORT_BACKOFF)
-    assert f"{NODE}: applied; because drift" in result.stdout, result.stdout + result.stderr
-    assert "repaired driver" in result.stdout, result.stdout
+    line = next((row for row in result.stdout.splitlines() if row.startswith(f"  {NODE}: ")), "")
+    assert line.startswith(f"  {NODE}: applied; because ") and "drift" in line, result.stdout
+    assert "driver" in line.split("repaired", 1)[-1], result.stdout
     driver = run_on_node(fleet, "dpkg-query", "-W", "-f=${Version}", "nvidia-kernel-dkms")
     version = driver.split("-")[0]
     # Debian's dkms.conf renames the modules after its package (nvidia-current*).
@@ -112,6 +149,14 @@ def test_the_next_cycle_has_dkms_build_the_module_for_that_kernel(fleet: Fleet, 
     assert run_on_node(fleet, "modinfo", "-F", "vermagic", path).split()[0] == new_kernel
     dkms = run_on_node(fleet, "dkms", "status")
     assert f"nvidia-current/{version}, {new_kernel}, x86_64: installed" in dkms, dkms
+    # Signed by DKMS with the site's key (kmod prints the serial's bytes).
+    assert run_on_node(fleet, "modinfo", "-F", "signer", path).strip() == (
+        "gpufleet e2e module signing"
+    )
+    sig_key = run_on_node(fleet, "modinfo", "-F", "sig_key", path).strip()
+    assert sig_key.replace(":", "").lstrip("0") == serial.lstrip("0"), (sig_key, serial)
+    key_mode = run_on_node(fleet, "stat", "-c", "%a %U", "/var/lib/gpufleet/module-signing/mok.key")
+    assert key_mode.split() == ["600", "root"]
     again = fleet.runner("reconcile", "--once", *SHORT_BACKOFF)
     assert "cycle: 1 probed, 0 planned, 0 applied" in again.stdout, again.stdout
     assert fleet.status()[NODE]["status"] == "converged"

@@ -110,7 +110,35 @@ def test_secure_boot_without_signed_modules_fails_with_the_way_forward(tmp_path)
     message = failure(report)
     assert "Secure Boot is enabled" in message
     assert "Machine Owner Key" in message and "driver_secure_boot_signed_modules" in message
+    assert "driver_secure_boot_signing_key" in message
     assert report["stats"]["localhost"]["changed"] == 0
+
+
+def outcome(report, name: str) -> dict:
+    for play in report["plays"]:
+        for task in play["tasks"]:
+            if task["task"]["name"].endswith(name):
+                return task["hosts"]["localhost"]
+    raise AssertionError(f"no task {name!r} ran")
+
+
+def test_secure_boot_with_the_sites_signing_key_is_not_refused(tmp_path):
+    """The site's Machine Owner Key handed in (shapes only: check mode writes nothing):
+    DKMS will sign with it, so the Secure Boot check lets the install go on, and the
+    key's file is predicted without its text in the output."""
+    key = "-----BEGIN PRIVATE KEY-----\nMIIEvQ==\n-----END PRIVATE KEY-----\n"
+    certificate = "-----BEGIN CERTIFICATE-----\nMIIDEz==\n-----END CERTIFICATE-----\n"
+    _rc, report = run_driver_role(
+        tmp_path,
+        "0x2330",
+        secure_boot=True,
+        driver_secure_boot_signing_key=key,
+        driver_secure_boot_signing_certificate=certificate,
+    )
+    checked = outcome(report, "Refuse to install unsigned modules under Secure Boot")
+    assert not checked.get("failed"), checked
+    written = outcome(report, "Write the module-signing key")
+    assert written.get("changed") and "MIIEvQ" not in json.dumps(written), written
 
 
 def test_a_blackwell_gpu_where_the_source_offers_no_branch_for_it_is_refused(tmp_path):

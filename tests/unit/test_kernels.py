@@ -44,7 +44,7 @@ def test_releases_sort_as_version_numbers_not_text() -> None:
 
 def _boot(tmp_path: Path, *releases: str) -> Path:
     boot = tmp_path / "boot"
-    boot.mkdir(exist_ok=True)
+    boot.mkdir(parents=True, exist_ok=True)
     for release in releases:
         (boot / f"vmlinuz-{release}").write_bytes(b"")
         (boot / f"initrd.img-{release}").write_bytes(b"")
@@ -138,8 +138,13 @@ def test_a_module_only_in_the_headers_tree_does_not_count(tmp_path: Path) -> Non
 
 
 def test_modinfo_gives_the_version_and_the_kernel_it_was_built_for() -> None:
-    assert kernels.parse_modinfo(MODINFO) == {"version": "535.261.03", "built_for": NEW}
-    assert kernels.parse_modinfo("") == {"version": None, "built_for": None}
+    assert kernels.parse_modinfo(MODINFO) == {
+        "version": "535.261.03",
+        "built_for": NEW,
+        "signer": None,
+        "sig_key": None,
+    }
+    assert set(kernels.parse_modinfo("").values()) == {None}
 
 
 def _read(tmp_path: Path, running: str, modinfo: dict[str, str]) -> dict:
@@ -253,3 +258,43 @@ def test_nvidias_repository_and_rhel_get_headers_for_their_dkms_packages() -> No
         "how": "dkms",
         "packages": [f"kernel-devel-{release}"],
     }
+
+
+SIGNED = MODINFO + (
+    "signer:         gpufleet site module signing\n"
+    "sig_key:        00:9C:1D:2E:88:CD:FA:CF:D1:CF:9A:8C:AB:D3:EF:E9:BE:35:23:73\n"
+    "sig_hashalgo:   sha256\n"
+)
+
+
+def test_modinfo_gives_the_signer_and_the_key_id_and_both_spellings_of_a_serial_agree() -> None:
+    fields = kernels.parse_modinfo(SIGNED)
+    assert fields["signer"] == "gpufleet site module signing"
+    # openssl's spelling of the same serial (x509 -serial), without the leading zero byte.
+    assert kernels.key_id(fields["sig_key"]) == kernels.key_id(
+        "serial=9C1D2E88CDFACFD1CF9A8CABD3EFE9BE352373"
+    )
+    assert kernels.parse_modinfo(MODINFO)["sig_key"] is None
+
+
+def test_with_the_sites_key_a_module_signed_otherwise_or_not_at_all_is_named(
+    tmp_path: Path,
+) -> None:
+    site = "serial=9C1D2E88CDFACFD1CF9A8CABD3EFE9BE352373"
+    facts = _read(tmp_path, OLD, {NEW: SIGNED})
+    assert kernels.problems(facts, "535.261.03", site) == []
+    other = SIGNED.replace("00:9C:1D", "00:7A:1D").replace("gpufleet site", "DKMS")
+    facts = _read(tmp_path / "other", OLD, {NEW: other})
+    assert kernels.problems(facts, "535.261.03", site) == [
+        f"kernel {NEW} would boot next, but its nvidia module is signed with key "
+        "00:7A:1D:2E:88:CD:FA:CF:D1:CF:9A:8C:AB:D3:EF:E9:BE:35:23:73 (DKMS module signing), "
+        "not with the site's key 9C1D2E88CDFACFD1CF9A8CABD3EFE9BE352373 (Secure Boot would "
+        "refuse to load it)"
+    ]
+    facts = _read(tmp_path / "unsigned", OLD, {NEW: MODINFO})
+    assert kernels.problems(facts, "535.261.03", site)[0].endswith(
+        "its nvidia module is not signed, not with the site's key "
+        "9C1D2E88CDFACFD1CF9A8CABD3EFE9BE352373 (Secure Boot would refuse to load it)"
+    )
+    # Without a site key, DKMS's own signature (or none) is not judged.
+    assert kernels.problems(facts, "535.261.03") == []

@@ -36,6 +36,17 @@ def _check(role, **values):
     return settings.check(_options(role), values, str(PROJECT / "roles" / role))
 
 
+# The shapes of a site's module-signing key and certificate (bodies cut short).
+KEY = {
+    "driver_secure_boot_signing_key": "-----BEGIN PRIVATE KEY-----\nMIIEvQ==\n"
+    "-----END PRIVATE KEY-----\n"
+}
+CERTIFICATE = {
+    "driver_secure_boot_signing_certificate": "-----BEGIN CERTIFICATE-----\nMIIDEz==\n"
+    "-----END CERTIFICATE-----\n"
+}
+
+
 @pytest.mark.parametrize(
     ("values", "words"),
     [
@@ -163,6 +174,18 @@ def _check(role, **values):
             {"k8s_manifests_exporter_collectors": "42, gauge, x"},
             "k8s_manifests_exporter_collectors: expected the text of a dcgm-exporter",
         ),
+        # A key's text is never repeated, only its length.
+        (
+            {"driver_secure_boot_signing_key": "secret-ish", **CERTIFICATE},
+            "driver_secure_boot_signing_key: expected a private key in PEM form "
+            "(-----BEGIN PRIVATE KEY-----), or empty; the value (10 characters) holds no "
+            "PRIVATE KEY block.",
+        ),
+        (
+            {**KEY, "driver_secure_boot_signing_certificate": ""},
+            "driver_secure_boot_signing_certificate: expected it with "
+            "driver_secure_boot_signing_key (DKMS signs with both), got nothing.",
+        ),
     ],
 )
 def test_a_wrong_value_is_named_with_the_form_expected(values, words):
@@ -215,6 +238,8 @@ def test_a_wrong_value_is_named_with_the_form_expected(values, words):
             "DCGM_FI_DRIVER_VERSION, label, Driver version"
         },
         {"exporter_collectors": "", "k8s_manifests_exporter_collectors": ""},
+        {**KEY, **CERTIFICATE},
+        {"driver_secure_boot_signing_key": "", "driver_secure_boot_signing_certificate": ""},
     ],
 )
 def test_a_right_value_passes(values):

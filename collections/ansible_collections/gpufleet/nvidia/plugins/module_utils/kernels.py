@@ -121,17 +121,31 @@ def find_module(release, modules_dir=MODULES_DIR):
 
 
 def parse_modinfo(text):
-    """The `version` and the kernel release of `vermagic` in modinfo's output."""
+    """The `version`, the kernel release of `vermagic` (`built_for`), and the signature's
+    `signer` and `sig_key` (the signing certificate's serial, as kmod prints it: hex
+    bytes joined by colons) in modinfo's output; None for a field it lacks."""
     fields = {}
     for line in (text or "").splitlines():
         name, sep, value = line.partition(":")
-        if sep and name.strip() in ("version", "vermagic") and name.strip() not in fields:
-            fields[name.strip()] = value.strip()
+        name = name.strip()
+        if sep and name in ("version", "vermagic", "signer", "sig_key") and name not in fields:
+            fields[name] = value.strip()
     vermagic = fields.get("vermagic", "")
     return {
         "version": fields.get("version") or None,
         "built_for": vermagic.split()[0] if vermagic else None,
+        "signer": fields.get("signer") or None,
+        "sig_key": fields.get("sig_key") or None,
     }
+
+
+def key_id(serial):
+    """A certificate serial as one form, whether kmod printed it (2E:88:…) or openssl
+    (serial=2E88…): upper-case hex, no separators, no leading zero bytes."""
+    text = (serial or "").split("=")[-1].replace(":", "").strip().upper()
+    while text.startswith("00") and len(text) > 2:
+        text = text[2:]
+    return text or None
 
 
 def dkms_sources(src_dir=DKMS_SOURCES):
@@ -183,7 +197,11 @@ def read(run, which, paths=None):
     modules = {}
     for release in sorted({*releases, running}, key=version_key):
         path = find_module(release, where["MODULES_DIR"])
-        module = {"path": path, "version": None, "built_for": None} if path else None
+        module = (
+            {"path": path, "version": None, "built_for": None, "signer": None, "sig_key": None}
+            if path
+            else None
+        )
         if path and modinfo:
             rc, out, _err = run([modinfo, path])
             if rc == 0:
@@ -199,10 +217,12 @@ def read(run, which, paths=None):
     }
 
 
-def problems(kernel, driver_version):
+def problems(kernel, driver_version, signing_key=None):
     """What is wrong with the kernel `kernel` (read's facts) boots next, for a node whose
     driver is `driver_version`: [] when it has that driver's module, when nothing can
-    be seen to boot, or when the node has no driver."""
+    be seen to boot, or when the node has no driver. With `signing_key` (the serial of
+    the site's module-signing certificate, see key_id), a module not signed with it is
+    wrong too: Secure Boot would refuse to load it."""
     release = kernel.get("boot_next")
     if not release or not driver_version:
         return []
@@ -220,6 +240,17 @@ def problems(kernel, driver_version):
         found.append(
             f"kernel {release} would boot next, but its nvidia module "
             f"({module['path']}) was built for kernel {module['built_for']}"
+        )
+    wanted = key_id(signing_key)
+    if wanted and key_id(module.get("sig_key")) != wanted:
+        signed = (
+            f"signed with key {module['sig_key']} ({module.get('signer') or 'no signer named'})"
+            if module.get("sig_key")
+            else "not signed"
+        )
+        found.append(
+            f"kernel {release} would boot next, but its nvidia module is {signed}, "
+            f"not with the site's key {wanted} (Secure Boot would refuse to load it)"
         )
     return found
 

@@ -178,6 +178,22 @@ _LOCK_TIMEOUT = (_int_range(0, 3600), "a whole number of seconds from 0 to 3600"
 _FINGERPRINT = re.compile(r"^([0-9A-F]{40}|[0-9A-F]{64})$")
 
 
+def _pem(label):
+    """A check of an optional PEM block whose label ends with `label`; it says what is
+    wrong without repeating the value (a key must not reach a log)."""
+
+    def check(value):
+        if value == "":
+            return ""
+        if not re.search(
+            rf"-----BEGIN [A-Z ]*{label}-----.+-----END [A-Z ]*{label}-----", value, re.S
+        ):
+            return f"the value ({len(value)} characters) holds no {label} block"
+        return ""
+
+    return check
+
+
 def _fingerprints(values):
     return bool(values) and all(
         isinstance(value, str) and _FINGERPRINT.match(normalise(value)) for value in values
@@ -244,6 +260,14 @@ RULES = {
     "driver_debian_mirror": _URL,
     "driver_debian_security_mirror": _URL,
     "driver_kernel_headers_packages": (_each(_match(_PACKAGE)), "Debian package names"),
+    "driver_secure_boot_signing_key": (
+        _pem("PRIVATE KEY"),
+        "a private key in PEM form (-----BEGIN PRIVATE KEY-----), or empty",
+    ),
+    "driver_secure_boot_signing_certificate": (
+        _pem("CERTIFICATE"),
+        "a certificate in PEM form (-----BEGIN CERTIFICATE-----), or empty",
+    ),
     "driver_reboot_timeout": _TIMEOUT,
     "driver_reboot_boot_time_command": (
         lambda value: isinstance(value, str) and value.strip() != "",
@@ -444,7 +468,12 @@ def _toleration_problem(toleration):
 
 
 def _driver_problems(values):
-    """A driver_version of another branch than driver_branch (each well-formed)."""
+    """A driver_version of another branch than driver_branch (each well-formed); a
+    module-signing key without its certificate, or the other way round."""
+    return _branch_problems(values) + _signing_problems(values)
+
+
+def _branch_problems(values):
     branch, version = values.get("driver_branch"), values.get("driver_version")
     if not (isinstance(branch, str) and BRANCH_RE.match(branch)):
         return []
@@ -457,6 +486,15 @@ def _driver_problems(values):
         f"{branch}.x.y version (or empty: the newest of the branch), or set driver_branch "
         f"{version.split('.')[0]!r} with it."
     ]
+
+
+def _signing_problems(values):
+    names = ("driver_secure_boot_signing_key", "driver_secure_boot_signing_certificate")
+    given = [name for name in names if isinstance(values.get(name), str) and values[name]]
+    if len(given) != 1 or any(not isinstance(values.get(name), str) for name in names):
+        return []
+    [missing] = [name for name in names if name not in given]
+    return [f"{missing}: expected it with {given[0]} (DKMS signs with both), got nothing."]
 
 
 def _mig_layout(values, role_dir):

@@ -33,6 +33,14 @@ options:
         C(modinfo) reports for the running kernel's module.
     type: str
     default: ""
+  signing_certificate:
+    description:
+      - The certificate (PEM or DER) of the key the site signs modules with, on the
+        node. When set, a module of the kernel that boots next that is not signed with
+        it (C(modinfo)'s C(sig_key) against the certificate's serial, read with
+        C(openssl x509)) is a problem too - under Secure Boot the kernel would refuse to
+        load it.
+    type: path
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
@@ -67,6 +75,11 @@ kernel:
       null.
   returned: always
   type: dict
+signing_key:
+  description: The serial of O(signing_certificate), as modules name it; null without one.
+  returned: always
+  type: str
+  sample: 2E88CDFACFD1CF9A8CABD3EFE9BE352373235BFD
 driver_version:
   description: The version the module was held to; empty when the node has no driver.
   returned: always
@@ -83,6 +96,8 @@ problems:
     - kernel 6.1.0-41-amd64 is installed and would boot next, but has no nvidia module
 """
 
+import os
+
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import discovery, kernels
@@ -90,12 +105,34 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils import discovery, 
 
 def main():
     module = AnsibleModule(
-        argument_spec={"driver_version": {"type": "str", "default": ""}},
+        argument_spec={
+            "driver_version": {"type": "str", "default": ""},
+            "signing_certificate": {"type": "path"},
+        },
         supports_check_mode=True,
     )
 
     def run(argv):
         return module.run_command(argv, environ_update={"LC_ALL": "C"})
+
+    signing_key = None
+    certificate = module.params["signing_certificate"]
+    if certificate and module.check_mode and not os.path.exists(certificate):
+        # A check run that would write it first: it is not there to read yet.
+        module.warn(f"{certificate} is not written yet: module signatures not checked")
+        certificate = None
+    if certificate:
+        form = "DER" if _is_der(certificate) else "PEM"
+        openssl = module.get_bin_path("openssl", required=True)
+        rc, out, err = run(
+            [openssl, "x509", "-inform", form, "-noout", "-serial", "-in", certificate]
+        )
+        signing_key = kernels.key_id(out) if rc == 0 else None
+        if not signing_key:
+            module.fail_json(
+                msg=f"signing_certificate: cannot read the certificate {certificate}: "
+                f"{(err or out).strip() or 'no serial'}"
+            )
 
     version = module.params["driver_version"]
     if not version:
@@ -106,8 +143,18 @@ def main():
         changed=False,
         kernel=kernel,
         driver_version=version,
-        problems=kernels.problems(kernel, version),
+        signing_key=signing_key,
+        problems=kernels.problems(kernel, version, signing_key),
     )
+
+
+def _is_der(path):
+    """A DER certificate starts with a SEQUENCE tag; a PEM one with text."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(1) == b"\x30"
+    except OSError:
+        return False
 
 
 if __name__ == "__main__":
