@@ -201,15 +201,22 @@ def test_nothing_is_wrong_with_the_module_in_place_or_without_a_driver(tmp_path:
 
 def test_kernel_drift_holds_the_recorded_driver_and_says_why_in_one_line(tmp_path: Path) -> None:
     facts = _read(tmp_path, OLD, {OLD: MODINFO.replace(NEW, OLD)})
-    record = {"node": {"driver": {"version": "535.261.03", "module_type": "proprietary"}}}
+    record = {
+        "components": {"driver": {"packages": {"nvidia-kernel-dkms": {"version": "535.261.03-1"}}}},
+        "node": {"driver": {"version": "535.261.03", "module_type": "proprietary"}},
+    }
     [entry] = ns.kernel_drift(facts, record)
     assert entry["kind"] == "kernel" and entry["name"] == NEW
     assert (entry["recorded"], entry["current"]) == ({"nvidia": "535.261.03"}, {"nvidia": None})
     assert drift_summary(entry) == (
         f"kernel {NEW} is installed and would boot next, but has no nvidia module"
     )
-    # A node the last apply left without a driver (no GPU) has no kernel drift.
-    assert ns.kernel_drift(facts, {"node": {"driver": {"version": None}}}) == []
+    # A node the last apply left without a driver (no GPU) has no kernel drift; nor has
+    # one whose driver gpufleet leaves alone (pre-installed: the stage records nothing),
+    # which no apply would repair.
+    assert ns.kernel_drift(facts, {**record, "node": {"driver": {"version": None}}}) == []
+    unmanaged = {"components": {"driver": {"files": {}, "packages": {}}}, "node": record["node"]}
+    assert ns.kernel_drift(facts, unmanaged) == []
 
 
 def _plan(os_id: str, version: str, source: str, module_type: str = "proprietary") -> dict:

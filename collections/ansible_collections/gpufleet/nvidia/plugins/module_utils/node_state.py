@@ -538,7 +538,12 @@ def _node_drift(recorded, current):
 def kernel_drift(kernel, recorded):
     """Drift entries (component NODE_COMPONENT) for the kernel the node boots next when
     it lacks the nvidia module of the driver the last apply left (`recorded`'s); each
-    says why in `reason`. `kernel` is kernels.read's."""
+    says why in `reason`. `kernel` is kernels.read's. Only where the driver stage
+    installs the driver (its component records packages): a driver gpufleet leaves
+    alone (pre-installed, driver_manage never) is not its to repair."""
+    managed = ((recorded.get("components") or {}).get(NODE_COMPONENT) or {}).get("packages")
+    if not managed:
+        return []
     version = ((recorded.get("node") or {}).get("driver") or {}).get("version")
     found = kernels.problems(kernel, version)
     if not found:
