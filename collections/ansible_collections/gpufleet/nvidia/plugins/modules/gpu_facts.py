@@ -131,17 +131,6 @@ ansible_facts:
         secure_boot:
           description: C(enabled), C(disabled) or C(unsupported) (no EFI).
           type: str
-        kernel:
-          description:
-            - The node's kernels - C(running) (its release), C(installed) (the releases
-              of the kernel images under C(/boot), oldest first), C(boot_next) (the one
-              the boot loader starts next; null with no kernel image under C(/boot)),
-              C(boot_next_from) (how that was found - C(grub next_entry),
-              C(grub saved_entry), C(GRUB_DEFAULT), C(newest installed)) and C(modules),
-              each of those releases to its nvidia module (C(path), C(version) and
-              C(built_for), the release in its vermagic) or null when it has none, and
-              C(dkms), the NVIDIA module sources DKMS can build (C(name), C(version)).
-          type: dict
         os:
           description: C(id), C(version_id) and C(kernel) of the node.
           type: dict
@@ -179,7 +168,6 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils import (
     discovery,
     gpu_health,
     gpu_models,
-    kernels,
     pci,
     smi,
 )
@@ -312,7 +300,6 @@ def gather(module, sysfs_root, query_driver, overrides=None, kernel_log=True):
         "persistence_mode": all(persistence) if persistence else None,
         "nouveau_loaded": os.path.isdir(os.path.join(module_dir, "nouveau")),
         "secure_boot": discovery.secure_boot_state(efivar, os.path.isdir(efi_dir)),
-        "kernel": kernels.read(module.run_command, module.get_bin_path),
         "os": _os_release(),
         "container_runtimes": runtimes,
         "labels": discovery.labels(gpu_list, driver, cuda_version),
