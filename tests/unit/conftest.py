@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import struct
+import subprocess
 import sys
 from pathlib import Path
 
@@ -237,3 +239,31 @@ def mig_parted() -> Path:
     built = subprocess.run(["bash", str(build)], capture_output=True, text=True, check=False)
     assert built.returncode == 0, built.stderr
     return Path(built.stdout.strip()) / "bin" / "nvidia-mig-parted"
+
+
+# EFI_CERT_X509_GUID as signature lists store it (the first three fields little-endian).
+EFI_CERT_X509 = bytes.fromhex("a159c0a5e494a74a87b5ab155c2bf072")
+
+
+def efi_signature_list(entries: list[bytes], kind: bytes = EFI_CERT_X509) -> bytes:
+    """One EFI_SIGNATURE_LIST of same-sized `entries`, each under an owner GUID, as
+    firmware and shim publish db and MokListRT (UEFI specification, 32.4.1)."""
+    owner = bytes(range(16))
+    [size] = {16 + len(entry) for entry in entries}  # certificates: one list each, as a rule
+    body = b"".join(owner + entry for entry in entries)
+    return kind + struct.pack("<III", 28 + len(body), 0, size) + body
+
+
+def make_certificate(where: Path, name: str) -> Path:
+    """A self-signed certificate (PEM) made by openssl, as a site's Machine Owner Key's."""
+    key, certificate = where / f"{name}.key", where / f"{name}.pem"
+    subprocess.run(
+        [
+            *("openssl", "req", "-new", "-x509", "-nodes", "-days", "30"),
+            *("-subj", f"/CN={name}", "-newkey", "rsa:2048"),
+            *("-keyout", str(key), "-out", str(certificate)),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return certificate

@@ -9,13 +9,15 @@ only) and every case fails before the first task that could change anything.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import run_ansible
+from conftest import efi_signature_list, make_certificate, run_ansible
 
 PLAYBOOK = """
 - name: One node role against a fixture node
@@ -45,8 +47,14 @@ def _gpu(root: Path, address: str, device: str) -> None:
 
 
 def run_role(
-    tmp_path: Path, role: str, device: str, secure_boot: bool = False, **variables: object
+    tmp_path: Path,
+    role: str,
+    device: str,
+    secure_boot: bool = False,
+    enrolled: bytes = b"",
+    **variables: object,
 ):
+    """`enrolled`: the DER certificate in shim's Machine Owner Key list, if any."""
     sysfs = tmp_path / "sys"
     _gpu(sysfs, "0000:18:00.0", device)
     efivars = sysfs / "firmware" / "efi" / "efivars"
@@ -54,6 +62,10 @@ def run_role(
     (efivars / "SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c").write_bytes(
         b"\x06\x00\x00\x00" + (b"\x01" if secure_boot else b"\x00")
     )
+    if enrolled:
+        (efivars / "MokListRT-605dab50-e046-4300-abb6-3dd810dd8b23").write_bytes(
+            b"\x06\x00\x00\x00" + efi_signature_list([enrolled])
+        )
     playbook = tmp_path / "play.yml"
     playbook.write_text(PLAYBOOK.format(role=role))
     extra = {
@@ -122,23 +134,66 @@ def outcome(report, name: str) -> dict:
     raise AssertionError(f"no task {name!r} ran")
 
 
-def test_secure_boot_with_the_sites_signing_key_is_not_refused(tmp_path):
-    """The site's Machine Owner Key handed in (shapes only: check mode writes nothing):
-    DKMS will sign with it, so the Secure Boot check lets the install go on, and the
+def _site_key(tmp_path: Path) -> tuple[str, str, bytes]:
+    """A Machine Owner Key of the site's: (key PEM, certificate PEM, certificate DER)."""
+    certificate = make_certificate(tmp_path, "site module signing")
+    der = subprocess.run(
+        ["openssl", "x509", "-outform", "DER", "-in", str(certificate)],
+        check=True,
+        capture_output=True,
+    ).stdout
+    key = (tmp_path / "site module signing.key").read_text()
+    return key, certificate.read_text(), der
+
+
+def test_secure_boot_with_the_sites_enrolled_signing_key_is_not_refused(tmp_path):
+    """The site's Machine Owner Key handed in and enrolled (check mode writes nothing):
+    DKMS will sign with it, so the Secure Boot checks let the install go on, and the
     key's file is predicted without its text in the output."""
-    key = "-----BEGIN PRIVATE KEY-----\nMIIEvQ==\n-----END PRIVATE KEY-----\n"
-    certificate = "-----BEGIN CERTIFICATE-----\nMIIDEz==\n-----END CERTIFICATE-----\n"
+    key, certificate, der = _site_key(tmp_path)
     _rc, report = run_driver_role(
         tmp_path,
         "0x2330",
         secure_boot=True,
+        enrolled=der,
         driver_secure_boot_signing_key=key,
         driver_secure_boot_signing_certificate=certificate,
     )
     checked = outcome(report, "Refuse to install unsigned modules under Secure Boot")
     assert not checked.get("failed"), checked
+    trusted = outcome(report, "Refuse a module-signing key the node's firmware does not trust")
+    assert not trusted.get("failed") and not trusted.get("skipped"), trusted
     written = outcome(report, "Write the module-signing key")
-    assert written.get("changed") and "MIIEvQ" not in json.dumps(written), written
+    body = key.splitlines()[1]
+    assert written.get("changed") and body not in json.dumps(written), written
+
+
+def test_a_signing_key_the_firmware_does_not_trust_is_refused_with_the_enrolment_steps(
+    tmp_path,
+):
+    key, certificate, _der = _site_key(tmp_path)
+    other = subprocess.run(
+        ["openssl", "x509", "-outform", "DER", "-in", str(make_certificate(tmp_path, "old"))],
+        check=True,
+        capture_output=True,
+    ).stdout
+    rc, report = run_driver_role(
+        tmp_path,
+        "0x2330",
+        secure_boot=True,
+        enrolled=other,
+        driver_secure_boot_signing_key=key,
+        driver_secure_boot_signing_certificate=certificate,
+    )
+    assert rc != 0
+    message = " ".join(failure(report).split())
+    fingerprint = hashlib.sha256(_der).hexdigest()
+    assert (
+        "Secure Boot is enabled on localhost, but the certificate in "
+        f"driver_secure_boot_signing_certificate (SHA-256 {fingerprint}) is not enrolled"
+    ) in message, message
+    assert "mokutil --import mok.der" in message
+    assert report["stats"]["localhost"]["changed"] == 0
 
 
 def test_a_blackwell_gpu_where_the_source_offers_no_branch_for_it_is_refused(tmp_path):

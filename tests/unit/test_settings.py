@@ -182,6 +182,16 @@ CERTIFICATE = {
             "PRIVATE KEY block.",
         ),
         (
+            {
+                **KEY,
+                "driver_secure_boot_signing_certificate": "-----BEGIN CERTIFICATE-----\n"
+                "not base64!\n-----END CERTIFICATE-----\n",
+            },
+            "driver_secure_boot_signing_certificate: expected a certificate in PEM form "
+            "(-----BEGIN CERTIFICATE-----), or empty; the CERTIFICATE block of the value "
+            "(66 characters) is not base64.",
+        ),
+        (
             {**KEY, "driver_secure_boot_signing_certificate": ""},
             "driver_secure_boot_signing_certificate: expected it with "
             "driver_secure_boot_signing_key (DKMS signs with both), got nothing.",

@@ -8,7 +8,7 @@ from __future__ import annotations
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import driver_plan as dp
-from ansible_collections.gpufleet.nvidia.plugins.module_utils import kernels
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import kernels, secureboot
 
 
 def driver_offer_prefix(facts, source="distro"):
@@ -103,6 +103,15 @@ def driver_differs(driver, plan):
     return dp.differs(driver.get("version"), driver.get("module_type"), plan)
 
 
+def certificate_fingerprint(pem):
+    """The SHA-256 fingerprint of a PEM certificate's DER, as gpu_facts'
+    secure_boot_enrolled lists them; see secureboot.pem_fingerprint."""
+    found = secureboot.pem_fingerprint(pem)
+    if found is None:
+        raise AnsibleFilterError("certificate_fingerprint: no PEM certificate in the input")
+    return found
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -112,4 +121,5 @@ class FilterModule:
             "driver_kernel_modules": driver_kernel_modules,
             "driver_kernel_repair": driver_kernel_repair,
             "driver_differs": driver_differs,
+            "certificate_fingerprint": certificate_fingerprint,
         }

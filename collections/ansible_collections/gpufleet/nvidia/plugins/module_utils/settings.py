@@ -36,7 +36,7 @@ from urllib.parse import urlsplit
 import yaml
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
-from ansible_collections.gpufleet.nvidia.plugins.module_utils import monitoring
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import monitoring, secureboot
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.driver_plan import (
     BRANCH_RE,
     VERSION_RE,
@@ -189,6 +189,8 @@ def _pem(label):
             rf"-----BEGIN [A-Z ]*{label}-----.+-----END [A-Z ]*{label}-----", value, re.S
         ):
             return f"the value ({len(value)} characters) holds no {label} block"
+        if label == "CERTIFICATE" and secureboot.pem_fingerprint(value) is None:
+            return f"the {label} block of the value ({len(value)} characters) is not base64"
         return ""
 
     return check

@@ -131,6 +131,13 @@ ansible_facts:
         secure_boot:
           description: C(enabled), C(disabled) or C(unsupported) (no EFI).
           type: str
+        secure_boot_enrolled:
+          description:
+            - SHA-256 fingerprints (lower-case hex) of the certificates the node trusts
+              for kernel modules under Secure Boot - shim's Machine Owner Key list
+              (C(MokListRT)) and the firmware's C(db); empty without EFI.
+          type: list
+          elements: str
         os:
           description: C(id), C(version_id) and C(kernel) of the node.
           type: dict
@@ -169,6 +176,7 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils import (
     gpu_health,
     gpu_models,
     pci,
+    secureboot,
     smi,
 )
 
@@ -300,6 +308,7 @@ def gather(module, sysfs_root, query_driver, overrides=None, kernel_log=True):
         "persistence_mode": all(persistence) if persistence else None,
         "nouveau_loaded": os.path.isdir(os.path.join(module_dir, "nouveau")),
         "secure_boot": discovery.secure_boot_state(efivar, os.path.isdir(efi_dir)),
+        "secure_boot_enrolled": secureboot.enrolled(efi_dir),
         "os": _os_release(),
         "container_runtimes": runtimes,
         "labels": discovery.labels(gpu_list, driver, cuda_version),
