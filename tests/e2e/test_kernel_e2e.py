@@ -162,6 +162,97 @@ def test_the_next_cycle_has_dkms_build_the_module_for_that_kernel_signed_with_th
     assert fleet.status()[NODE]["status"] == "converged"
 
 
+# Debian's /etc/default/grub, as grub-pc installs it (the settings that matter here).
+DEFAULT_GRUB = """\
+GRUB_DEFAULT=0
+GRUB_TIMEOUT=5
+GRUB_DISTRIBUTOR=`lsb_release -i -s 2> /dev/null || echo Debian`
+GRUB_CMDLINE_LINUX_DEFAULT="quiet"
+GRUB_CMDLINE_LINUX=""
+"""
+HOLD_FILE = "/etc/default/grub.d/99-gpufleet-kernel.cfg"
+
+
+def set_up_grub(fleet: Fleet) -> None:
+    """GRUB as a host has it: Debian's packages and settings, its menu written by
+    update-grub; only grub-probe stands in (a container's root has no disk)."""
+    run_on_node(
+        fleet,
+        *("env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "install", "-y"),
+        *("--no-install-recommends", "grub2-common", "grub-pc-bin"),
+    )
+    run_on_node(fleet, "dpkg-divert", "--local", "--rename", "--add", "/usr/sbin/grub-probe")
+    probe = (PROJECT / "tests" / "sim" / "grub" / "grub-probe").read_text()
+    script = "cat > /usr/sbin/grub-probe && chmod 755 /usr/sbin/grub-probe"
+    done = subprocess.run(
+        ["podman", "exec", "-i", NODE, "sh", "-c", script], input=probe, text=True, check=False
+    )
+    assert done.returncode == 0
+    # What grub-install leaves on a host: the directory of GRUB's menu and environment.
+    run_on_node(fleet, "mkdir", "-p", "/boot/grub")
+    run_on_node(fleet, "sh", "-c", f"printf '%s' '{DEFAULT_GRUB}' > /etc/default/grub")
+    run_on_node(fleet, "update-grub")
+
+
+def grub_default(fleet: Fleet) -> str:
+    menu = run_on_node(fleet, "cat", "/boot/grub/grub.cfg")
+    [default] = re.findall(r'^\s*set default="(?!\$\{next_entry\})(.*)"$', menu, re.M)
+    return default
+
+
+def test_a_kernel_that_cannot_have_its_module_is_held_back_on_one_that_has_it(
+    fleet: Fleet, new_kernel: str
+):
+    set_up_grub(fleet)
+    # A newer kernel arrives whose headers the archive does not have (yet): the repair
+    # cannot build its module. (A kernel's own hook skips update-grub in a container;
+    # on a host it runs.)
+    run_on_node(
+        fleet,
+        "sh",
+        "-c",
+        "printf 'Package: linux-headers-6.12*\\nPin: release *\\nPin-Priority: -1\\n'"
+        " > /etc/apt/preferences.d/gpufleet-e2e-no-headers",
+    )
+    run_on_node(
+        fleet,
+        *("env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "install", "-y"),
+        *("--no-install-recommends", "linux-image-6.12-amd64"),
+    )
+    run_on_node(fleet, "update-grub")
+    newer = run_on_node(fleet, "linux-version", "list").split()
+    [newest] = [r for r in newer if r != new_kernel]
+    assert grub_default(fleet) == "0"  # GRUB boots the newest: without the module
+    time.sleep(2)  # past the backoff
+    result = fleet.runner("reconcile", "--once", *SHORT_BACKOFF)
+    assert f"  {NODE}: applied; because " in result.stdout, result.stdout + result.stderr
+    drift = [e for e in fleet.history(NODE) if e["kind"] == "drift"]
+    assert drift[-1]["summary"] == (
+        f"kernel {newest} is installed and would boot next, but has no nvidia module"
+    ), drift
+    # GRUB now boots the kernel that has the module, and the site can read why.
+    assert f"gnulinux-{new_kernel}-advanced-" in grub_default(fleet)
+    hold = run_on_node(fleet, "cat", HOLD_FILE)
+    assert f"# The node keeps booting {new_kernel}: kernel {newest} is installed" in hold
+    assert modules_of(fleet, newest) == []
+    assert fleet.status()[NODE]["status"] == "converged"
+    again = fleet.runner("reconcile", "--once", *SHORT_BACKOFF)
+    assert "cycle: 1 probed, 0 planned, 0 applied" in again.stdout, again.stdout
+    # The kernel held back goes (or gets its module): the hold is lifted.
+    run_on_node(fleet, "apt-get", "purge", "-y", f"linux-image-{newest}", "linux-image-6.12-amd64")
+    run_on_node(fleet, "update-grub")
+    lifted = fleet.runner("reconcile", "--once", *SHORT_BACKOFF)
+    assert f"  {NODE}: applied; because " in lifted.stdout, lifted.stdout + lifted.stderr
+    drift = [e for e in fleet.history(NODE) if e["kind"] == "drift"]
+    assert drift[-1]["summary"].endswith(
+        f"the boot default gpufleet held on {new_kernel} can be lifted"
+    ), drift
+    assert grub_default(fleet) == "0"
+    assert fleet.on_node(NODE, "test", "-e", HOLD_FILE).returncode == 1
+    last = fleet.runner("reconcile", "--once", *SHORT_BACKOFF)
+    assert "cycle: 1 probed, 0 planned, 0 applied" in last.stdout, last.stdout
+
+
 REBOOT_PLAY = """\
 - name: Reboot the node as the MIG stage does
   hosts: {node}

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import driver_plan as dp
-from ansible_collections.gpufleet.nvidia.plugins.module_utils import kernels
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import grub, kernels
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import node_state as ns
 from runner.words import drift_summary
 
@@ -91,9 +91,10 @@ def test_the_kernel_that_boots_next_is_the_boot_loaders_choice(
 
 
 def test_grub_default_is_read_from_its_last_setting() -> None:
-    text = 'GRUB_DEFAULT=0\nGRUB_TIMEOUT=5\n# GRUB_DEFAULT=2\nGRUB_DEFAULT="saved"\n'
-    assert kernels.grub_default(text) == "saved"
-    assert kernels.grub_default(None) is None
+    site = 'GRUB_DEFAULT=0\nGRUB_TIMEOUT=5\n# GRUB_DEFAULT=2\nGRUB_DEFAULT="saved"\n'
+    assert grub.setting([site]) == "saved"
+    assert grub.setting([site, "GRUB_DEFAULT='1>2'\n"]) == "1>2"  # grub.d after it
+    assert grub.setting([None]) is None
 
 
 def test_no_kernel_image_means_nothing_to_check() -> None:
@@ -161,7 +162,9 @@ def _read(tmp_path: Path, running: str, modinfo: dict[str, str]) -> dict:
         "BOOT_DIR": str(boot),
         "MODULES_DIR": str(modules),
         "GRUBENV_PATHS": (str(boot / "grub" / "grubenv"),),
-        "DEFAULT_GRUB": str(tmp_path / "default-grub"),
+        "GRUB_CFG_PATHS": (str(boot / "grub" / "grub.cfg"),),
+        "GRUB_SETTINGS": str(tmp_path / "default-grub"),
+        "GRUB_SETTINGS_DIR": str(tmp_path / "default-grub.d"),
     }
     facts = kernels.read(run, lambda name: f"/usr/sbin/{name}", paths)
     facts["running"] = running  # the test machine's own kernel otherwise

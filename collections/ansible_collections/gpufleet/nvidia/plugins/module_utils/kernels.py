@@ -7,15 +7,19 @@ A node loses its GPUs at a reboot when the kernel it boots has no NVIDIA module 
 driver: a kernel update arrived and DKMS did not build the module for it (no headers,
 a failed build), or its precompiled module package does not exist yet. `read` gathers
 what decides it; `problems` says, in words, what is wrong with the kernel that boots
-next; `repair_packages` names what would give that kernel its module.
+next; `repair_packages` names what would give that kernel its module; `fallback` the
+kernel to keep booting (a GRUB hold, grub.py) when it cannot have one.
 
 Which kernel boots next, as the boot loaders decide it:
-- GRUB's environment block (`grubenv`) first: `next_entry` (a one-time choice made
-  with grub-reboot), then `saved_entry` where the default is the saved one
-  (GRUB_DEFAULT=saved in /etc/default/grub, which RHEL's grubby and BLS entries use);
-  an entry names its kernel by release (`gnulinux-6.1.0-41-amd64-advanced-<uuid>`,
-  `<machine-id>-5.14.0-427.el9.x86_64`).
-- GRUB_DEFAULT naming an entry by its title or id, the same way.
+- Where GRUB's menu (grub.cfg) lists the kernels, as Debian's and Ubuntu's do: the
+  entry its default names (grub.py), GRUB's environment block (`grubenv`) giving the
+  one-time `next_entry` (grub-reboot) and the `saved_entry` (GRUB_DEFAULT=saved).
+- Otherwise (RHEL's menus read boot loader entries at boot time) the environment
+  block's `next_entry`, then its `saved_entry` where the default is the saved one
+  (which RHEL's grubby sets); an entry names its kernel by release
+  (`gnulinux-6.1.0-41-amd64-advanced-<uuid>`, `<machine-id>-5.14.0-427.el9.x86_64`).
+  GRUB_DEFAULT (/etc/default/grub and grub.d) naming an entry by its title or id, the
+  same way.
 - Otherwise the newest kernel installed: Debian's and Ubuntu's GRUB scripts list the
   kernels newest first (version sort) and boot entry 0, and RHEL's kernel packages
   make the newest the default as they install.
@@ -28,10 +32,11 @@ from __future__ import annotations
 import os
 import re
 
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import grub
+
 BOOT_DIR = "/boot"
 MODULES_DIR = "/lib/modules"
 GRUBENV_PATHS = ("/boot/grub/grubenv", "/boot/grub2/grubenv")
-DEFAULT_GRUB = "/etc/default/grub"
 # Where DKMS packages put the module sources they register (<name>-<version>/dkms.conf).
 DKMS_SOURCES = "/usr/src"
 # The NVIDIA core module, as the packages install it under /lib/modules/<release>/:
@@ -75,27 +80,28 @@ def parse_grubenv(text):
     return found
 
 
-def grub_default(text):
-    """GRUB_DEFAULT's value in /etc/default/grub's text (the last setting wins), or None."""
-    value = None
-    for line in (text or "").splitlines():
-        match = re.match(r"\s*GRUB_DEFAULT=(.*)$", line)
-        if match:
-            value = match.group(1).strip().strip("\"'")
-    return value
-
-
 def _named(entry, releases):
     """The release an entry's title or id names (the longest that appears in it)."""
     named = [release for release in releases if release in (entry or "")]
     return max(named, key=len) if named else None
 
 
-def boot_next(releases, grubenv, default):
+def boot_next(releases, grubenv, default, menu=None):
     """(release, how it was found) of the kernel the node boots next; (None, why) when
-    no kernel image is installed. `grubenv` is parse_grubenv's, `default` GRUB_DEFAULT."""
+    no kernel image is installed. `grubenv` is parse_grubenv's, `default` GRUB_DEFAULT,
+    `menu` grub.parse_cfg's of the menu GRUB runs: where that menu lists kernels, its
+    default decides, as GRUB does."""
     if not releases:
         return None, "no kernel image under /boot"
+    if menu and grub.releases(menu["entries"]):
+        how, choice = "grub next_entry", grubenv.get("next_entry")
+        if not choice:
+            how, choice = "grub.cfg default", menu["default"]
+        if choice in ("${saved_entry}", "saved"):
+            how, choice = "grub saved_entry", grubenv.get("saved_entry")
+        release = grub.resolve(menu["entries"], choice)
+        if release in releases:
+            return release, how
     choices = [("grub next_entry", grubenv.get("next_entry"))]
     if default == "saved":
         choices.append(("grub saved_entry", grubenv.get("saved_entry")))
@@ -170,43 +176,35 @@ def dkms_sources(src_dir=DKMS_SOURCES):
 
 
 def read(run, which, paths=None):
-    """The node's kernels: {running, installed, boot_next, boot_next_from, modules, dkms},
-    where modules maps each installed release (and the running one) to its nvidia
-    module ({path, version, built_for}) or None. `run(argv)` gives (rc, out, err); `which` a
-    program's path; dkms lists the module sources DKMS could build (dkms_sources).
-    `paths` overrides BOOT_DIR, MODULES_DIR, GRUBENV_PATHS, DEFAULT_GRUB, DKMS_SOURCES
-    (by those names, for tests)."""
+    """The node's kernels: {running, installed, boot_next, boot_next_from, modules, dkms,
+    grub}, where modules maps each installed release (and the running one) to its nvidia
+    module ({path, version, built_for, signer, sig_key}) or None, dkms lists the module
+    sources DKMS could build (dkms_sources) and grub is grub_facts'. `run(argv)` gives
+    (rc, out, err); `which` a program's path. `paths` overrides BOOT_DIR, MODULES_DIR,
+    GRUBENV_PATHS, DKMS_SOURCES, GRUB_CFG_PATHS, GRUB_SETTINGS, GRUB_SETTINGS_DIR and
+    GRUB_HOLD_FILE (by those names, for tests)."""
     where = {
         "BOOT_DIR": BOOT_DIR,
         "MODULES_DIR": MODULES_DIR,
         "GRUBENV_PATHS": GRUBENV_PATHS,
-        "DEFAULT_GRUB": DEFAULT_GRUB,
         "DKMS_SOURCES": DKMS_SOURCES,
+        "GRUB_CFG_PATHS": grub.CONFIG_PATHS,
+        "GRUB_SETTINGS": grub.SETTINGS,
+        "GRUB_SETTINGS_DIR": grub.SETTINGS_DIR,
+        "GRUB_HOLD_FILE": grub.HOLD_FILE,
         **(paths or {}),
     }
     releases = installed(where["BOOT_DIR"])
-    grubenv = {}
-    for path in where["GRUBENV_PATHS"]:
-        text = _read(path)
-        if text is not None:
-            grubenv = parse_grubenv(text)
-            break
-    following, how = boot_next(releases, grubenv, grub_default(_read(where["DEFAULT_GRUB"])))
+    grubenv = parse_grubenv(_first(where["GRUBENV_PATHS"])[1])
+    config, menu = _first(where["GRUB_CFG_PATHS"])
+    menu = grub.parse_cfg(menu)
+    settings = _settings(where)
+    following, how = boot_next(releases, grubenv, grub.setting(settings.values()), menu)
     running = os.uname().release
     modinfo = which("modinfo")
     modules = {}
     for release in sorted({*releases, running}, key=version_key):
-        path = find_module(release, where["MODULES_DIR"])
-        module = (
-            {"path": path, "version": None, "built_for": None, "signer": None, "sig_key": None}
-            if path
-            else None
-        )
-        if path and modinfo:
-            rc, out, _err = run([modinfo, path])
-            if rc == 0:
-                module.update(parse_modinfo(out))
-        modules[release] = module
+        modules[release] = _module(run, modinfo, find_module(release, where["MODULES_DIR"]))
     return {
         "running": running,
         "installed": releases,
@@ -214,16 +212,71 @@ def read(run, which, paths=None):
         "boot_next_from": how,
         "modules": modules,
         "dkms": dkms_sources(where["DKMS_SOURCES"]),
+        "grub": grub_facts(config, menu, settings, where["GRUB_HOLD_FILE"], releases, grubenv),
     }
 
 
-def problems(kernel, driver_version, signing_key=None):
-    """What is wrong with the kernel `kernel` (read's facts) boots next, for a node whose
-    driver is `driver_version`: [] when it has that driver's module, when nothing can
-    be seen to boot, or when the node has no driver. With `signing_key` (the serial of
-    the site's module-signing certificate, see key_id), a module not signed with it is
-    wrong too: Secure Boot would refuse to load it."""
-    release = kernel.get("boot_next")
+def grub_facts(config, menu, settings, hold_file, releases, grubenv):
+    """{config: the menu's path (None without one that lists kernels), hold_file, held:
+    the release gpufleet's hold file keeps booting (None without a hold), unheld: the
+    release the node would boot next without the hold, entries: each release's entry
+    as GRUB_DEFAULT names it}. `settings` maps the GRUB settings files to their text."""
+    listed = grub.releases(menu["entries"])
+    held = None
+    if hold_file in settings:
+        value = grub.setting([settings[hold_file]])
+        held = grub.resolve(menu["entries"], value) if value and listed else None
+    site = grub.setting(text for path, text in settings.items() if path != hold_file)
+    unheld = boot_next(releases, grubenv, site, {**menu, "default": site})[0] if held else None
+    return {
+        "config": config if listed else None,
+        "hold_file": hold_file,
+        "held": held,
+        "unheld": unheld,
+        "entries": {r: grub.entry_path(menu["entries"], r) for r in dict.fromkeys(listed)},
+    }
+
+
+def _settings(where):
+    """GRUB's settings files as grub-mkconfig reads them, in order, to their text."""
+    paths = [where["GRUB_SETTINGS"]]
+    try:
+        names = sorted(os.listdir(where["GRUB_SETTINGS_DIR"]))
+    except OSError:
+        names = []
+    paths += [os.path.join(where["GRUB_SETTINGS_DIR"], n) for n in names if n.endswith(".cfg")]
+    texts = {path: _read(path) for path in paths}
+    return {path: text for path, text in texts.items() if text is not None}
+
+
+def _first(paths):
+    """(path, text) of the first of `paths` that can be read; (None, None) without one."""
+    for path in paths:
+        text = _read(path)
+        if text is not None:
+            return path, text
+    return None, None
+
+
+def _module(run, modinfo, path):
+    if not path:
+        return None
+    module = {"path": path, "version": None, "built_for": None, "signer": None, "sig_key": None}
+    if modinfo:
+        rc, out, _err = run([modinfo, path])
+        if rc == 0:
+            module.update(parse_modinfo(out))
+    return module
+
+
+def problems(kernel, driver_version, signing_key=None, release=None):
+    """What is wrong with the kernel `kernel` (read's facts) boots next (or with kernel
+    `release`, were it to boot next), for a node whose driver is `driver_version`: []
+    when it has that driver's module, when nothing can be seen to boot, or when the node
+    has no driver. With `signing_key` (the serial of the site's module-signing
+    certificate, see key_id), a module not signed with it is wrong too: Secure Boot
+    would refuse to load it."""
+    release = release or kernel.get("boot_next")
     if not release or not driver_version:
         return []
     module = kernel["modules"].get(release)
@@ -253,6 +306,18 @@ def problems(kernel, driver_version, signing_key=None):
             f"not with the site's key {wanted} (Secure Boot would refuse to load it)"
         )
     return found
+
+
+def fallback(kernel, driver_version, signing_key=None):
+    """The kernel to keep booting while the one that would boot next lacks the driver's
+    module: the running kernel where it has the module and a GRUB entry, else the newest
+    installed that has both; None without one (no GRUB menu listing kernels, say)."""
+    entries = (kernel.get("grub") or {}).get("entries") or {}
+    candidates = [kernel["running"], *reversed(kernel["installed"])]
+    for release in candidates:
+        if entries.get(release) and not problems(kernel, driver_version, signing_key, release):
+            return release
+    return None
 
 
 def repair_packages(plan, release, available=()):

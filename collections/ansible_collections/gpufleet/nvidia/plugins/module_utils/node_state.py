@@ -537,18 +537,35 @@ def _node_drift(recorded, current):
 
 def kernel_drift(kernel, recorded):
     """Drift entries (component NODE_COMPONENT) for the kernel the node boots next when
-    it lacks the nvidia module of the driver the last apply left (`recorded`'s); each
-    says why in `reason`. `kernel` is kernels.read's. Only where the driver stage
-    installs the driver (its component records packages): a driver gpufleet leaves
-    alone (pre-installed, driver_manage never) is not its to repair."""
+    it lacks the nvidia module of the driver the last apply left (`recorded`'s), or for
+    the kernel gpufleet's hold keeps the node from once it has the module (the hold is
+    lifted by the driver stage); each says why in `reason`. `kernel` is kernels.read's.
+    Only where the driver stage installs the driver (its component records packages):
+    a driver gpufleet leaves alone (pre-installed, driver_manage never) is not its to
+    repair."""
     managed = ((recorded.get("components") or {}).get(NODE_COMPONENT) or {}).get("packages")
     if not managed:
         return []
     version = ((recorded.get("node") or {}).get("driver") or {}).get("version")
     found = kernels.problems(kernel, version)
+    release = kernel["boot_next"]
+    grub = kernel.get("grub") or {}
+    unheld = grub.get("unheld")
+    if (
+        not found
+        and grub.get("held")
+        and unheld
+        and not kernels.problems(kernel, version, None, unheld)
+    ):
+        release = unheld
+        now = (
+            f"the kernel the node was held back from is gone ({unheld} boots without the hold)"
+            if unheld == grub["held"]
+            else f"kernel {unheld} has the driver's module now"
+        )
+        found = [f"{now}: the boot default gpufleet held on {grub['held']} can be lifted"]
     if not found:
         return []
-    release = kernel["boot_next"]
     module = kernel["modules"].get(release) or {}
     return [
         {

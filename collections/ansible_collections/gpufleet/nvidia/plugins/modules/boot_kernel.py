@@ -24,6 +24,10 @@ description:
     without its GPUs.
   - A node with no kernel image under C(/boot) (one booted over the network, a
     container) boots a kernel this module cannot see; nothing is reported wrong there.
+  - Where that kernel lacks the module, names the kernel to keep booting instead (the
+    running one, else the newest installed with the module and a GRUB entry) and the
+    GRUB settings file that would make it the default; where gpufleet already holds
+    the node on a kernel, says whether the one held back has its module now.
   - Reads only; changes nothing.
 options:
   driver_version:
@@ -70,9 +74,12 @@ kernel:
   description:
     - C(running), C(installed) (releases with an image under C(/boot), oldest first),
       C(boot_next) (null without one), C(boot_next_from) (C(grub next_entry),
-      C(grub saved_entry), C(GRUB_DEFAULT) or C(newest installed)) and C(modules), each
-      of those releases to its nvidia module (C(path), C(version), C(built_for)) or
-      null.
+      C(grub.cfg default), C(grub saved_entry), C(GRUB_DEFAULT) or C(newest installed))
+      and C(modules), each of those releases to its nvidia module (C(path),
+      C(version), C(built_for)) or null; C(grub), GRUB's menu (C(config)),
+      gpufleet's hold file (C(hold_file)), the release it keeps booting (C(held)) and
+      the one the node would boot without it (C(unheld)), and each release's entry
+      (C(entries)).
   returned: always
   type: dict
 signing_key:
@@ -85,6 +92,27 @@ driver_version:
   returned: always
   type: str
   sample: 535.261.03
+target:
+  description:
+    - The kernel the node boots next without gpufleet's hold (C(release); the same as
+      kernel.boot_next where it holds nothing) and what it lacks (C(problems)). Under a
+      hold (kernel.grub.held), an empty C(problems) means the hold can be lifted.
+  returned: always
+  type: dict
+hold:
+  description:
+    - Where the target lacks the driver's module and another installed kernel has it
+      and a GRUB entry (and GRUB's menu can be written), the hold that keeps the node on
+      that one - C(release), and the settings file (C(path), C(content)) that makes its
+      entry GRUB's default once the menu is written anew; null otherwise.
+  returned: always
+  type: dict
+regenerate:
+  description: The command that writes GRUB's menu anew (C(update-grub), else
+    C(grub-mkconfig -o) the menu); null where GRUB's menu lists no kernels.
+  returned: always
+  type: list
+  elements: str
 problems:
   description: What is wrong with the kernel that boots next, one sentence each; empty
     when it has the driver's module, when no kernel image is installed, or when the
@@ -100,7 +128,7 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.nvidia.plugins.module_utils import discovery, kernels
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import discovery, grub, kernels
 
 
 def main():
@@ -145,7 +173,31 @@ def main():
         driver_version=version,
         signing_key=signing_key,
         problems=kernels.problems(kernel, version, signing_key),
+        **_hold(module, kernel, version, signing_key),
     )
+
+
+def _hold(module, kernel, version, signing_key):
+    """target, hold and regenerate (see RETURN)."""
+    facts = kernel["grub"]
+    release = facts["unheld"] if facts["held"] else kernel["boot_next"]
+    wrong = kernels.problems(kernel, version, signing_key, release)
+    keep = kernels.fallback(kernel, version, signing_key) if wrong else None
+    hold = None
+    if keep:
+        reason = "; ".join(wrong).replace("\n", " ")
+        content = grub.hold_text(facts["entries"][keep], keep, reason)
+        hold = {"release": keep, "path": facts["hold_file"], "content": content}
+    update_grub = module.get_bin_path("update-grub")
+    mkconfig = module.get_bin_path("grub-mkconfig") or module.get_bin_path("grub2-mkconfig")
+    regenerate = None
+    if facts["config"] and (update_grub or mkconfig):
+        regenerate = [update_grub] if update_grub else [mkconfig, "-o", facts["config"]]
+    return {
+        "target": {"release": release, "problems": wrong},
+        "hold": hold if regenerate else None,
+        "regenerate": regenerate,
+    }
 
 
 def _is_der(path):
