@@ -109,9 +109,10 @@ unit: venv consumers toolkit migparted
 
 # The reconciler against a small simulated fleet, through real ansible-runner, and
 # with the cluster side against the test control plane. `make test` runs it in two
-# parts: the cluster module after molecule (both use the test control plane), the
-# rest beside them.
-E2E_CLUSTER := tests/e2e/test_cluster_e2e.py
+# parts: e2e-cluster after molecule (the cluster module: both use the test control
+# plane; and the adoption module, which evens out the two lanes' times), e2e-nodes,
+# the rest, beside them.
+E2E_CLUSTER := tests/e2e/test_cluster_e2e.py tests/e2e/test_adoption_e2e.py
 e2e: image repo controlplane consumers
 	pytest tests/e2e --durations=12
 
@@ -119,7 +120,7 @@ e2e-cluster: image repo controlplane consumers
 	pytest $(E2E_CLUSTER) --durations=8
 
 e2e-nodes: image repo consumers
-	pytest tests/e2e --ignore=$(E2E_CLUSTER) --durations=12
+	pytest tests/e2e $(addprefix --ignore=,$(E2E_CLUSTER)) --durations=12
 
 # Not part of `make test`: measures, asserts nothing (see tests/bench).
 bench: image repo

@@ -6,6 +6,7 @@ package source."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ import pytest
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import driver_plan as dp
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import grub, kernels
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import node_state as ns
+from conftest import make_certificate
 from runner.words import drift_summary
 
 OLD, NEW = "6.1.0-9-amd64", "6.1.0-41-amd64"
@@ -220,6 +222,51 @@ def test_kernel_drift_holds_the_recorded_driver_and_says_why_in_one_line(tmp_pat
     assert ns.kernel_drift(facts, {**record, "node": {"driver": {"version": None}}}) == []
     unmanaged = {"components": {"driver": {"files": {}, "packages": {}}}, "node": record["node"]}
     assert ns.kernel_drift(facts, unmanaged) == []
+
+
+def test_kernel_drift_names_a_module_not_signed_with_the_sites_key(tmp_path: Path) -> None:
+    """The probe checks what the driver stage and every reboot check: with the site's
+    certificate on the node, the module of the kernel that boots next must carry its
+    serial."""
+    signed = MODINFO + "signer:         someone else\nsig_key:        0A:1B:2C\n"
+    facts = _read(tmp_path, OLD, {OLD: MODINFO.replace(NEW, OLD), NEW: signed})
+    record = {
+        "components": {"driver": {"packages": {"nvidia-kernel-dkms": {"version": "535.261.03-1"}}}},
+        "node": {"driver": {"version": "535.261.03", "module_type": "proprietary"}},
+    }
+    assert ns.kernel_drift(facts, record) == []
+    [entry] = ns.kernel_drift(facts, record, "0A1B2D")
+    assert drift_summary(entry) == (
+        f"kernel {NEW} would boot next, but its nvidia module is signed with key 0A:1B:2C "
+        "(someone else), not with the site's key 0A1B2D (Secure Boot would refuse to load it)"
+    )
+    assert ns.kernel_drift(facts, record, "0A1B2C") == []
+
+
+def test_a_certificates_serial_is_read_with_openssl(tmp_path: Path) -> None:
+    certificate = make_certificate(tmp_path, "site")
+    said = subprocess.run(
+        ["openssl", "x509", "-noout", "-serial", "-in", str(certificate)],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+
+    def run(argv: list[str]) -> tuple[int, str, str]:
+        done = subprocess.run(argv, capture_output=True, text=True, check=False)
+        return done.returncode, done.stdout, done.stderr
+
+    serial = kernels.certificate_serial(run, "openssl", str(certificate))
+    assert serial == (kernels.key_id(said), None)
+    der = tmp_path / "site.der"
+    subprocess.run(
+        ["openssl", "x509", "-outform", "DER", "-in", str(certificate), "-out", str(der)],
+        check=True,
+    )
+    assert kernels.certificate_serial(run, "openssl", str(der)) == serial
+    missing, why = kernels.certificate_serial(run, "openssl", str(tmp_path / "none.pem"))
+    assert missing is None and why
+    assert kernels.certificate_serial(run, None, str(der)) == (None, "openssl is not installed")
 
 
 def _plan(os_id: str, version: str, source: str, module_type: str = "proprietary") -> dict:

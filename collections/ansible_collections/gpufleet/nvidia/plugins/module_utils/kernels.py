@@ -37,6 +37,10 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils import grub
 BOOT_DIR = "/boot"
 MODULES_DIR = "/lib/modules"
 GRUBENV_PATHS = ("/boot/grub/grubenv", "/boot/grub2/grubenv")
+# The site's module-signing certificate, where the driver stage writes it
+# (driver_secure_boot_signing_certificate; roles/driver/vars/main.yml names the same
+# path) and DKMS's configuration names it.
+SITE_CERTIFICATE = "/var/lib/gpufleet/module-signing/mok.pem"
 # Where DKMS packages put the module sources they register (<name>-<version>/dkms.conf).
 DKMS_SOURCES = "/usr/src"
 # The NVIDIA core module, as the packages install it under /lib/modules/<release>/:
@@ -152,6 +156,17 @@ def key_id(serial):
     while text.startswith("00") and len(text) > 2:
         text = text[2:]
     return text or None
+
+
+def certificate_serial(run, openssl, path):
+    """(serial, None) of the certificate (PEM or DER) at `path` as key_id gives it, read
+    with openssl x509; (None, why) when it cannot be read."""
+    if not openssl:
+        return None, "openssl is not installed"
+    form = "DER" if (_read_bytes(path, 1) or b"") == b"\x30" else "PEM"  # a DER SEQUENCE
+    rc, out, err = run([openssl, "x509", "-inform", form, "-noout", "-serial", "-in", path])
+    serial = key_id(out) if rc == 0 else None
+    return (serial, None) if serial else (None, (err or out).strip() or "no serial")
 
 
 def dkms_sources(src_dir=DKMS_SOURCES):
@@ -333,6 +348,14 @@ def repair_packages(plan, release, available=()):
     headers = f"kernel-devel-{release}" if plan["family"] == "rhel" else f"linux-headers-{release}"
     dkms = [precompiled["dkms_package"]] if precompiled else []
     return {"how": "dkms", "packages": [*dkms, headers]}
+
+
+def _read_bytes(path, size):
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(size)
+    except OSError:
+        return None
 
 
 def _read(path):

@@ -535,11 +535,13 @@ def _node_drift(recorded, current):
     return entries
 
 
-def kernel_drift(kernel, recorded):
+def kernel_drift(kernel, recorded, signing_key=None):
     """Drift entries (component NODE_COMPONENT) for the kernel the node boots next when
     it lacks the nvidia module of the driver the last apply left (`recorded`'s), or for
     the kernel gpufleet's hold keeps the node from once it has the module (the hold is
-    lifted by the driver stage); each says why in `reason`. `kernel` is kernels.read's.
+    lifted by the driver stage); each says why in `reason`. `kernel` is kernels.read's;
+    with `signing_key` (the site's certificate serial), a module not signed with it is
+    drift too.
     Only where the driver stage installs the driver (its component records packages):
     a driver gpufleet leaves alone (pre-installed, driver_manage never) is not its to
     repair."""
@@ -547,7 +549,7 @@ def kernel_drift(kernel, recorded):
     if not managed:
         return []
     version = ((recorded.get("node") or {}).get("driver") or {}).get("version")
-    found = kernels.problems(kernel, version)
+    found = kernels.problems(kernel, version, signing_key)
     release = kernel["boot_next"]
     grub = kernel.get("grub") or {}
     unheld = grub.get("unheld")
@@ -555,7 +557,7 @@ def kernel_drift(kernel, recorded):
         not found
         and grub.get("held")
         and unheld
-        and not kernels.problems(kernel, version, None, unheld)
+        and not kernels.problems(kernel, version, signing_key, unheld)
     ):
         release = unheld
         now = (

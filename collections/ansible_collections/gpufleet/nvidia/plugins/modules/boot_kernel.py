@@ -150,16 +150,11 @@ def main():
         module.warn(f"{certificate} is not written yet: module signatures not checked")
         certificate = None
     if certificate:
-        form = "DER" if _is_der(certificate) else "PEM"
         openssl = module.get_bin_path("openssl", required=True)
-        rc, out, err = run(
-            [openssl, "x509", "-inform", form, "-noout", "-serial", "-in", certificate]
-        )
-        signing_key = kernels.key_id(out) if rc == 0 else None
+        signing_key, why = kernels.certificate_serial(run, openssl, certificate)
         if not signing_key:
             module.fail_json(
-                msg=f"signing_certificate: cannot read the certificate {certificate}: "
-                f"{(err or out).strip() or 'no serial'}"
+                msg=f"signing_certificate: cannot read the certificate {certificate}: {why}"
             )
 
     version = module.params["driver_version"]
@@ -198,15 +193,6 @@ def _hold(module, kernel, version, signing_key):
         "hold": hold if regenerate else None,
         "regenerate": regenerate,
     }
-
-
-def _is_der(path):
-    """A DER certificate starts with a SEQUENCE tag; a PEM one with text."""
-    try:
-        with open(path, "rb") as handle:
-            return handle.read(1) == b"\x30"
-    except OSError:
-        return False
 
 
 if __name__ == "__main__":

@@ -136,8 +136,11 @@ drift:
       listed under C(driver). Empty when nothing differs or there is no record.
     - "C(kernel) drift is not a difference from the record but a kernel that would
       boot next without the nvidia module of the recorded driver (no module, another
-      version, built for another kernel); its C(reason) says which, and C(recorded)
-      and C(current) hold the driver's and the module's version under C(nvidia)."
+      version, built for another kernel, or not signed with the site's key where the
+      driver stage wrote one to /var/lib/gpufleet/module-signing/mok.pem), or one
+      gpufleet's GRUB hold keeps the node from that has its module now; its C(reason)
+      says which, and C(recorded) and C(current) hold the driver's and the module's
+      version under C(nvidia)."
   returned: when state is probe
   type: dict
   sample:
@@ -270,9 +273,24 @@ def probe(module, overrides):
         no_record(f"record at {path} {exc}")
     current = ns.current_record(reader, ns.components_of(recorded))
     drift = ns.compare(recorded, current)
-    for entry in ns.kernel_drift(kernels.read(reader.run, reader.which), recorded):
+    kernel = kernels.read(reader.run, reader.which)
+    for entry in ns.kernel_drift(kernel, recorded, _signing_key(module, reader)):
         drift.setdefault(ns.NODE_COMPONENT, []).append(entry)
     finish(recorded=True, reason="", drifted=bool(drift), drift=drift)
+
+
+def _signing_key(module, reader):
+    """The serial of the site's module-signing certificate where the driver stage wrote
+    one (DKMS signs with it); None without one. One it cannot read is said, not fatal:
+    the probe goes on without the signature check."""
+    if not os.path.exists(kernels.SITE_CERTIFICATE):
+        return None
+    serial, why = kernels.certificate_serial(
+        reader.run, reader.which("openssl"), kernels.SITE_CERTIFICATE
+    )
+    if why:
+        module.warn(f"{kernels.SITE_CERTIFICATE}: {why}; module signatures not checked")
+    return serial
 
 
 def main():
