@@ -36,10 +36,17 @@ SHORT_BACKOFF = ("--backoff-base", "1", "--backoff-cap", "1")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     work = tmp_path_factory.mktemp("kernel")
     inventory = start_fleet(work, {NODE: "t4-1"})
+    # The driver and its kernels are the subject: a node that runs no containers and
+    # serves no metrics has only the stages that matter here.
+    (inventory / "bare.yml").write_text(
+        "gpu_nodes:\n  vars:\n    gpufleet_containers: false\n    exporter_mode: none\n"
+    )
     try:
         fleet = Fleet(inventory, work / "state")
         first = fleet.runner("reconcile", "--once", *SHORT_BACKOFF)
         assert f"{NODE}: applied" in first.stdout, first.stdout + first.stderr
+        stages = fleet.status()[NODE]["stages"]
+        assert (stages["toolkit"], stages["exporter"]) == ("disabled", "disabled"), stages
         yield fleet
     finally:
         subprocess.run([*FLEET, "down", NODE], check=False)

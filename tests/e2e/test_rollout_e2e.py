@@ -23,6 +23,7 @@ from test_runner_e2e import FLEET, Fleet, cli_data, start_fleet
 ROLLED = ["ro-1", "ro-2", "ro-3"]
 OTHER = "ro-4"
 OLDER = "535.261.03"  # Debian's older build; the nodes onboard with 535.309.01
+CONTAINER_STAGES = ("toolkit", "runtime_config", "validator", "device_plugin")
 
 pytestmark = pytest.mark.fleet
 
@@ -31,6 +32,9 @@ pytestmark = pytest.mark.fleet
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     work = tmp_path_factory.mktemp("e2e-rollout")
     inventory = start_fleet(work, dict.fromkeys([*ROLLED, OTHER], "t4-1"))
+    # Nodes that run no containers (a Slurm site's, say): the driver and the exporter
+    # are what this module rolls and repairs.
+    (inventory / "bare.yml").write_text("gpu_nodes:\n  vars:\n    gpufleet_containers: false\n")
     try:
         yield Fleet(inventory, work / "state")
     finally:
@@ -59,9 +63,19 @@ def _wait_for(proc: subprocess.Popen[str], text: str, seen: list[str]) -> None:
 def test_the_fleet_onboards(fleet: Fleet):
     result = fleet.reconcile("--once")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert {h: r["status"] for h, r in fleet.status().items()} == dict.fromkeys(
+    status = fleet.status()
+    assert {h: r["status"] for h, r in status.items()} == dict.fromkeys(
         [*ROLLED, OTHER], "converged"
     )
+    # gpufleet_containers: false - the container stages disabled and counted as passed,
+    # the exporter after them serving. Neither the toolkit nor the containerd that the
+    # simulated fleet's runtime_config_install asks for is installed.
+    stages = status[OTHER]["stages"]
+    assert [stages[s] for s in CONTAINER_STAGES] == ["disabled"] * 4, stages
+    assert stages["exporter"] == "ready", stages
+    for package in ("nvidia-container-toolkit", "containerd"):
+        query = fleet.on_node(OTHER, "dpkg-query", "-W", "-f", "${Status}", package)
+        assert "installed" not in query.stdout.split(), (package, query.stdout)
 
 
 def test_drift_is_repaired_while_a_batch_applies_and_sigterm_stops_after_a_batch(fleet: Fleet):

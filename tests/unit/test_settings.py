@@ -593,6 +593,19 @@ def test_the_settings_pass_refuses_a_strategy_that_does_not_fit_the_layout(tmp_p
     assert "with mig_config 'all-1g.5gb', which enables MIG" in outcome["bad"]["msg"]
 
 
+def test_a_containers_switch_that_is_not_a_boolean_is_refused_naming_it(tmp_path):
+    """gpufleet_containers is read by four stages: a value Ansible would not take as a
+    boolean is refused in the settings pass, before any stage could read it its own way."""
+    inventory = _inventory(tmp_path, {"gpufleet_containers": "sometimes"})
+    engine = AnsibleEngine(PROJECT, str(inventory), tmp_path / "ansible")
+    refused = engine.check_settings(["good", "bad"])
+    assert list(refused) == ["bad"]
+    assert "gpufleet_containers: got 'sometimes'; expected true or false" in refused["bad"]
+    fine = _inventory(tmp_path, {"gpufleet_containers": "no"})
+    engine = AnsibleEngine(PROJECT, str(fine), tmp_path / "ansible2")
+    assert engine.check_settings(["good", "bad"]) == {}
+
+
 def test_a_wrong_health_override_is_refused_by_the_reconcilers_settings_pass(tmp_path):
     """gpu_health_actions belongs to no role: the modules every run makes read it (the
     probe among them), so a wrong one is refused before the host is probed, named."""

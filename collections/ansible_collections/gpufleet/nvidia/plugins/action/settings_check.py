@@ -9,22 +9,39 @@ import os
 
 from ansible import constants as C
 from ansible.errors import AnsibleError, AnsibleUndefinedVariable
+from ansible.module_utils.parsing.convert_bool import BOOLEANS_FALSE, BOOLEANS_TRUE
 from ansible.plugins.action import ActionBase
 from ansible.plugins.loader import lookup_loader
 
-from ansible_collections.gpufleet.nvidia.plugins.module_utils.gpu_health import (
-    HealthInputError,
-    check_overrides,
-)
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.gpu_health import check_overrides
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.settings import check, together
 
-# Settings of no role, read by modules every play runs (gpu_facts, the probe): name ->
-# (check raising ValueError with the words, the form expected).
+
+def _overrides(value):
+    if not isinstance(value, dict):
+        raise ValueError(f"got {value!r}")
+    check_overrides(value)  # its HealthInputError is a ValueError
+
+
+def _boolean(value):
+    # What Ansible's `bool` takes, as a YAML inventory or -e writes it.
+    if not isinstance(value, (bool, int, str)) or value not in BOOLEANS_TRUE | BOOLEANS_FALSE:
+        raise ValueError(f"got {value!r}")
+
+
+# Settings of no one role, read by several stages or by modules every play runs
+# (gpu_facts, the probe): name -> (check raising ValueError with the words, the form
+# expected).
 SITE_SETTINGS = {
     "gpu_health_actions": (
-        check_overrides,
+        _overrides,
         "a dict of health signal (or xid:<number>) to none, watch, reset, reboot or "
         "replace (docs/health.md)",
+    ),
+    "gpufleet_containers": (
+        _boolean,
+        "true or false (false: the node runs no containers, and the toolkit, "
+        "runtime_config, validator and device_plugin stages are disabled)",
     ),
 }
 
@@ -109,12 +126,9 @@ class ActionModule(ActionBase):
         values = self._values(SITE_SETTINGS, {}, task_vars)
         for name, value in values.items():
             judge, expected = SITE_SETTINGS[name]
-            if not isinstance(value, dict):
-                found.append(f"{name}: expected {expected}; got {value!r}.")
-                continue
             try:
                 judge(value)
-            except HealthInputError as exc:
+            except ValueError as exc:
                 found.append(f"{name}: {exc}; expected {expected}.")
         return found
 
