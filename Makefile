@@ -90,9 +90,12 @@ lint: venv
 docs: venv
 	$(BIN)/python tests/tools/role_docs.py
 
-# Real programs the unit tests feed our configs to (Debian's containerd, unpacked).
+# Real programs the unit tests feed our configs to: Debian's containerd 1.6 (and
+# nvidia-smi, promtool), unpacked; containerd 2.4, built from its pinned Go module into
+# ~/.cache/gpufleet (tests/tools/containerd).
 consumers:
 	@bash tests/tools/consumers.sh
+	@bash tests/tools/containerd/build.sh >/dev/null
 
 # NVIDIA's container toolkit (nvidia-ctk, ...), built from its pinned Go modules into
 # ~/.cache/gpufleet, one directory per version: the oracle of tests/unit/test_runtime_oracle.py.

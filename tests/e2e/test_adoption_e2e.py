@@ -4,35 +4,46 @@
 
 A simulated T4 provisioned by hand, as a site would have done it before gpufleet:
 Debian's open kernel module 535.261.03 installed with apt and loaded (the defaults
-would pick the proprietary one on a T4 with branch 535), containerd installed and
-configured with settings of the site's. gpufleet runs from a directory holding only
-the site's inventory (with a web server that has no node behind it) and ansible.cfg.
+would pick the proprietary one on a T4 with branch 535), and containerd 2.4 installed
+as upstream's release is (its binaries under /usr/local/bin, its own systemd unit;
+built from its Go module by tests/tools/containerd/build.sh), running containerd's own
+default config (version 4) with settings of the site's. gpufleet runs from a directory
+holding only the site's inventory (with a web server that has no node behind it) and
+ansible.cfg.
 """
 
 from __future__ import annotations
 
 import subprocess
+import tomllib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from test_runner_e2e import FLEET, cli_data, installed_controller, site_directory, start_fleet
+from test_runner_e2e import (
+    FLEET,
+    PROJECT,
+    cli_data,
+    installed_controller,
+    site_directory,
+    start_fleet,
+)
 
 pytestmark = pytest.mark.fleet
 
 NODE = "e2e-adopt"
 DRIVER = "535.261.03"
-# The site's containerd settings: gpufleet adds its runtime and keeps these.
-SITE_CONTAINERD = """version = 2
-oom_score = -999
-
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "registry.example.net/pause:3.9"
-"""
+# What the site changed in containerd's default config (`containerd config default`,
+# version 4): gpufleet adds its runtime and keeps these.
+SITE_CONTAINERD = (
+    ("SystemdCgroup = false", "SystemdCgroup = true"),
+    ("sandbox = 'registry.k8s.io/pause:", "sandbox = 'registry.example.net/pause:"),
+    ("oom_score = 0", "oom_score = -999"),
+)
 # What the site ran by hand: Debian's contrib/non-free sources, the driver held at
-# one build with an apt pin of its own, the open module, containerd.
+# one build with an apt pin of its own, the open module, and runc for containerd.
 PROVISION = f"""set -e
 cat > /etc/apt/sources.list.d/site-nvidia.list <<'EOF'
 deb http://deb.debian.org/debian bookworm contrib non-free non-free-firmware
@@ -43,11 +54,7 @@ Pin-Priority: 1001\\n' > /etc/apt/preferences.d/site-nvidia.pref
 apt-get update -q
 DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \\
   nvidia-open-kernel-dkms nvidia-smi libnvidia-ml1 libcuda1 firmware-nvidia-gsp \\
-  nvidia-persistenced containerd
-mkdir -p /etc/containerd
-cat > /etc/containerd/config.toml <<'EOF'
-{SITE_CONTAINERD}EOF
-systemctl restart containerd
+  nvidia-persistenced runc
 """
 
 
@@ -55,6 +62,36 @@ def on_node(*command: str) -> str:
     done = subprocess.run(["podman", "exec", NODE, *command], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     return done.stdout.strip()
+
+
+def install_containerd() -> None:
+    """containerd 2.4 as a site installs upstream's release: the binaries in
+    /usr/local/bin, the unit in /usr/local/lib/systemd/system, containerd's default
+    config with the site's changes, started by systemd."""
+    built = subprocess.run(
+        ["bash", str(PROJECT / "tests" / "tools" / "containerd" / "build.sh")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    release = Path(built.stdout.strip())
+    on_node("mkdir", "-p", "/usr/local/lib/systemd/system", "/etc/containerd")
+    files = {f"/usr/local/bin/{binary.name}": binary for binary in (release / "bin").iterdir()}
+    files["/usr/local/lib/systemd/system/containerd.service"] = release / "containerd.service"
+    for target, source in files.items():
+        subprocess.run(["podman", "cp", str(source), f"{NODE}:{target}"], check=True)
+    config = on_node("/usr/local/bin/containerd", "config", "default") + "\n"
+    for stock, site in SITE_CONTAINERD:
+        assert stock in config, stock
+        config = config.replace(stock, site)
+    subprocess.run(
+        ["podman", "exec", "-i", NODE, "sh", "-c", "cat > /etc/containerd/config.toml"],
+        input=config,
+        text=True,
+        check=True,
+    )
+    on_node("systemctl", "daemon-reload")
+    on_node("systemctl", "enable", "--now", "containerd")
 
 
 def snapshot() -> str:
@@ -89,11 +126,18 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
     inventory = start_fleet(work, {NODE: "t4-1"})
     try:
         on_node("sh", "-c", PROVISION)
+        install_containerd()
         # nouveau holds the T4 until a boot loads the module the packages installed.
         subprocess.run([*FLEET, "reboot", NODE], check=True)
         assert driver_seen()[0] == DRIVER
         venv = installed_controller(work)
-        yield Site(work / "site", site_directory(work / "site", venv, inventory))
+        gpufleet = site_directory(work / "site", venv, inventory)
+        # The site installs its container runtime itself (the simulated fleet's
+        # group_vars have gpufleet install Debian's containerd on bare nodes).
+        host_vars = work / "site" / "inventory" / "host_vars"
+        host_vars.mkdir()
+        (host_vars / f"{NODE}.yml").write_text("runtime_config_install: []\n")
+        yield Site(work / "site", gpufleet)
     finally:
         subprocess.run([*FLEET, "down", NODE], check=False)
 
@@ -119,13 +163,28 @@ def test_the_first_plan_changes_nothing_and_says_what_would_change(site: Site):
 
 def test_reconcile_adopts_the_node_keeping_its_driver_and_the_sites_settings(site: Site):
     driver = driver_seen()
+    before = on_node("systemctl", "show", "-P", "MainPID", "containerd")
     result = site.gpufleet("reconcile", "--once", *WHERE)
     assert result.returncode == 0, result.stdout + result.stderr
     assert driver_seen() == driver, "the same driver, loaded since the same boot"
+    # The site's containerd 2.4, restarted with gpufleet's runtime beside the site's
+    # settings in its version 4 config, and no containerd of Debian's installed.
     config = on_node("cat", "/etc/containerd/config.toml")
-    assert "oom_score = -999" in config
-    assert 'sandbox_image = "registry.example.net/pause:3.9"' in config
-    assert "nvidia" in config, "gpufleet's runtime added beside the site's settings"
+    assert config.startswith("version = 4\n"), config[:200]
+    assert all(site_value in config for _, site_value in SITE_CONTAINERD), config
+    assert "enable_cdi" not in config, "CDI is always on in containerd 2.4"
+    pid = on_node("systemctl", "show", "-P", "MainPID", "containerd")
+    assert pid not in ("0", before), (before, pid)
+    assert on_node("readlink", f"/proc/{pid}/exe") == "/usr/local/bin/containerd"
+    seen = tomllib.loads(on_node("containerd", "config", "dump"))
+    cri = seen["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]
+    options = cri["runtimes"]["nvidia"]["options"]
+    assert (options["BinaryName"], options["SystemdCgroup"]) == (
+        "/usr/bin/nvidia-container-runtime",
+        True,
+    )
+    debian = subprocess.run(["podman", "exec", NODE, "dpkg-query", "-W", "containerd"])
+    assert debian.returncode != 0, "Debian's containerd was installed"
 
     status = cli_data(site.gpufleet("status", "--json", *WHERE).stdout, "status")["hosts"]
     assert [h["name"] for h in status] == [NODE], "only the GPU group"

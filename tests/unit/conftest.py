@@ -241,6 +241,20 @@ def mig_parted() -> Path:
     return Path(built.stdout.strip()) / "bin" / "nvidia-mig-parted"
 
 
+@pytest.fixture(scope="session")
+def containerd2() -> Path:
+    """containerd 2.4's daemon, built by tests/tools/containerd/build.sh (make consumers)."""
+    import subprocess
+
+    build = PROJECT / "tests" / "tools" / "containerd" / "build.sh"
+    built = subprocess.run(["bash", str(build)], capture_output=True, text=True, check=False)
+    assert built.returncode == 0, built.stderr
+    binary = Path(built.stdout.strip()) / "bin" / "containerd"
+    reported = subprocess.run([binary, "--version"], capture_output=True, text=True, check=True)
+    assert "containerd github.com/containerd/containerd/v2 v2.4." in reported.stdout
+    return binary
+
+
 # EFI_CERT_X509_GUID as signature lists store it (the first three fields little-endian).
 EFI_CERT_X509 = bytes.fromhex("a159c0a5e494a74a87b5ab155c2bf072")
 

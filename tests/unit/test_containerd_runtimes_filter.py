@@ -2,9 +2,10 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """containerd_runtimes: what a containerd of a given version makes of its config.
 
-The dumps come from the real consumer (Debian's containerd 1.6 binary), so the test
-proves the filter reads what containerd really reports, including a v3 config that
-containerd 1.6 loads without a word and then ignores.
+The dumps come from the real consumers (Debian's containerd 1.6 binary, and containerd
+2.4 built from its Go module), so the test proves the filter reads what containerd
+really reports, including a v3 config that containerd 1.6 loads without a word and then
+ignores, and the v2 config of a site that moved to containerd 2.x.
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ from ansible_collections.gpufleet.nvidia.plugins.filter.runtime import container
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import runtime_config as rc
 
 
-def dump_of(tmp_path, text: str) -> str:
+def dump_of(tmp_path, text: str, **binary) -> str:
     path = tmp_path / "config.toml"
     path.write_text(text)
-    result = containerd("-c", str(path), "config", "dump")
+    result = containerd("-c", str(path), "config", "dump", **binary)
     assert result.returncode == 0, result.stderr
     return result.stdout
 
@@ -57,6 +58,27 @@ def test_a_v3_config_is_loaded_but_ignored_by_containerd_1_6(tmp_path, version_o
     seen = containerd_runtimes(dump_of(tmp_path, text), version_output)
     assert "nvidia" not in seen["runtimes"]
     assert seen["default"] == "runc"
+
+
+@pytest.mark.parametrize("version", [2, 3, 4])
+def test_containerd_2_4_uses_the_nvidia_runtime_written_at_each_version(
+    tmp_path, containerd2, version
+):
+    # Version 2 as a containerd 1.x site wrote it, migrated by containerd 2.4 as it starts.
+    text = new_config(version=version, set_as_default=True)
+    binary = {"binary": containerd2}
+    seen = containerd_runtimes(
+        dump_of(tmp_path, text, **binary), containerd("--version", **binary).stdout
+    )
+    assert seen["version"].startswith("2.4.")
+    assert seen["plugin"] == "io.containerd.cri.v1.runtime"
+    assert seen["default"] == "nvidia"
+    assert seen["runtimes"]["nvidia"] == {
+        "runtime_type": "io.containerd.runc.v2",
+        "binary": "/usr/bin/nvidia-container-runtime",
+    }
+    # CDI is always on in containerd 2.4, which no longer shows enable_cdi.
+    assert seen["cdi"] is True
 
 
 def test_containerd_2_reads_the_runtime_plugin():

@@ -2,15 +2,21 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """The NVIDIA runtime added to containerd, Docker and CRI-O configs, the rest kept.
 
-containerd configs are checked by the real consumer: Debian's containerd binary
-(unpacked by tests/tools/consumers.sh) must load what we write (`config dump`).
+containerd configs are checked by the real consumers: Debian 12's containerd 1.6
+(unpacked by tests/tools/consumers.sh) loads versions 1 and 2, containerd 2.4 (built by
+tests/tools/containerd/build.sh from its Go module) versions 3 and 4 as containerd 2.x
+sites have them; each must load what we write (`config dump`).
 """
 
 from __future__ import annotations
 
 import difflib
 import json
+import re
+import shutil
 import subprocess
+import tempfile
+import time
 import tomllib
 from pathlib import Path
 
@@ -30,16 +36,29 @@ WANT = {
 }
 
 
-def containerd(*args: str) -> subprocess.CompletedProcess:
-    assert CONTAINERD.exists(), "run tests/tools/consumers.sh (make unit does) first"
-    return subprocess.run([str(CONTAINERD), *args], capture_output=True, text=True, check=False)
+def containerd(*args: str, binary: Path = CONTAINERD) -> subprocess.CompletedProcess:
+    assert binary.exists(), "run tests/tools/consumers.sh (make unit does) first"
+    return subprocess.run([str(binary), *args], capture_output=True, text=True, check=False)
 
 
-def dump(path: Path) -> dict:
-    """What containerd makes of the config at path (with its imports)."""
-    result = containerd("-c", str(path), "config", "dump")
+def dump(path: Path, binary: Path = CONTAINERD) -> dict:
+    """What containerd makes of the config at path (with its imports). A key it does
+    not know is only a warning to containerd: here it fails the test."""
+    result = containerd("-c", str(path), "config", "dump", binary=binary)
     assert result.returncode == 0, result.stderr
+    assert "unknown key" not in result.stderr, result.stderr
     return tomllib.loads(result.stdout)
+
+
+@pytest.fixture(scope="module")
+def stock_v4(containerd2: Path) -> str:
+    """containerd 2.4's own default config (version 4), as a site would have it:
+    SystemdCgroup on, and a setting of its own in the CRI runtime plugin's table."""
+    text = containerd("config", "default", binary=containerd2).stdout
+    assert text.startswith("version = 4\n") and "SystemdCgroup = false" in text
+    text = text.replace("SystemdCgroup = false", "SystemdCgroup = true")
+    text = text.replace("max_container_log_line_size = 16384", "max_container_log_line_size = 8192")
+    return "# site config, do not lose this comment\n" + text
 
 
 @pytest.fixture(scope="module")
@@ -117,9 +136,8 @@ def test_containerd_v1_config_uses_the_cri_plugin(tmp_path):
     )
 
 
-def test_containerd_v3_config_uses_the_runtime_plugin():
-    # containerd 2.x; Debian 12's containerd (1.6) cannot load v3, so this is
-    # checked against the schema's table names only.
+def test_containerd_v3_config_uses_the_runtime_plugin(tmp_path, containerd2):
+    # containerd 2.0 to 2.2 write version 3; 2.4 reads it (migrating it, as it says).
     v3 = (
         "version = 3\n"
         '[plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]\n'
@@ -127,12 +145,120 @@ def test_containerd_v3_config_uses_the_runtime_plugin():
     )
     after, version = rc.containerd_in_place(v3, "c", **dict(WANT, enable_cdi=True))
     assert version == 3
-    loaded = cri(tomllib.loads(after), 3)
-    assert loaded["enable_cdi"] is True
-    assert loaded["containerd"]["runtimes"]["nvidia"]["options"] == {
-        "SystemdCgroup": True,
-        "BinaryName": NVIDIA,
-    }
+    # CDI is on by default from version 3: nothing to write for it.
+    assert "enable_cdi" not in after
+    path = tmp_path / "config.toml"
+    path.write_text(after)
+    loaded = cri(dump(path, containerd2), 3)
+    assert loaded["containerd"]["runtimes"]["nvidia"]["runtime_type"] == rc.RUNC_V2
+    options = loaded["containerd"]["runtimes"]["nvidia"]["options"]
+    assert (options["BinaryName"], options["SystemdCgroup"]) == (NVIDIA, True)
+    # A file that turns CDI off (containerd 2.0 to 2.3 honour it) has it turned on.
+    off = v3.replace(
+        "version = 3\n",
+        'version = 3\n[plugins."io.containerd.cri.v1.runtime"]\n  enable_cdi = false\n',
+    )
+    turned, _ = rc.containerd_in_place(off, "c", **dict(WANT, enable_cdi=True))
+    assert cri(tomllib.loads(turned), 3)["enable_cdi"] is True
+
+
+def test_containerd_2_4_stock_config_version_4_in_place_and_back(tmp_path, stock_v4, containerd2):
+    wanted = dict(WANT, set_as_default=True, enable_cdi=True)
+    after, version = rc.containerd_in_place(stock_v4, "config.toml", **wanted)
+    assert version == 4
+    assert after.startswith("# site config, do not lose this comment\nversion = 4\n")
+    path = tmp_path / "config.toml"
+    path.write_text(after)
+    loaded = cri(dump(path, containerd2), 4)
+    assert loaded["containerd"]["default_runtime_name"] == "nvidia"
+    nvidia = loaded["containerd"]["runtimes"]["nvidia"]
+    assert nvidia["runtime_type"] == rc.RUNC_V2
+    assert (nvidia["options"]["BinaryName"], nvidia["options"]["SystemdCgroup"]) == (NVIDIA, True)
+    assert loaded["max_container_log_line_size"] == 8192
+    assert rc.containerd_in_place(after, "config.toml", **wanted)[0] == after
+    removed, _ = rc.containerd_in_place(after, "config.toml", **dict(wanted, present=False))
+    path.write_text(removed)
+    loaded = cri(dump(path, containerd2), 4)
+    assert "nvidia" not in loaded["containerd"]["runtimes"]
+    assert loaded["containerd"]["default_runtime_name"] == "runc"
+    assert rc.same_toml(removed, stock_v4)
+
+
+def test_containerd_2_4_drop_in_keeps_the_sites_settings(tmp_path, stock_v4, containerd2):
+    drop_in = tmp_path / "conf.d" / "99-nvidia.toml"
+    main_after, drop_after, version = rc.containerd_drop_in(
+        stock_v4, "config.toml", str(drop_in), **WANT
+    )
+    assert version == 4 and drop_after.count("version = 4\n") == 1
+    # containerd 2.4's own imports stay, ours is added.
+    assert tomllib.loads(main_after)["imports"] == [
+        "/etc/containerd/conf.d/*.toml",
+        str(tmp_path / "conf.d" / "*.toml"),
+    ]
+    main = tmp_path / "config.toml"
+    main.write_text(main_after)
+    drop_in.parent.mkdir()
+    drop_in.write_text(drop_after)
+    loaded = cri(dump(main, containerd2), 4)
+    options = loaded["containerd"]["runtimes"]["nvidia"]["options"]
+    assert (options["BinaryName"], options["SystemdCgroup"]) == (NVIDIA, True)
+    assert loaded["max_container_log_line_size"] == 8192
+    assert loaded["containerd"]["runtimes"]["runc"]["options"]["SystemdCgroup"] is True
+
+
+def daemon_log(binary: Path, config: Path, until: str, seconds: float = 60) -> list[str]:
+    """containerd's log lines from its start until one containing `until` (then it is
+    stopped); fails the test when it exits or does not get there in time."""
+    log = config.with_name("containerd.log")
+    with log.open("w") as sink:
+        daemon = subprocess.Popen([str(binary), "-c", str(config)], stderr=sink)
+    try:
+        deadline = time.monotonic() + seconds
+        while until not in log.read_text():
+            lines = log.read_text().splitlines()
+            assert daemon.poll() is None, "containerd exited:\n" + "\n".join(lines[-20:])
+            assert time.monotonic() < deadline, "\n".join(lines[-20:])
+            time.sleep(0.1)
+    finally:
+        daemon.terminate()
+        daemon.wait(timeout=30)
+    return log.read_text().splitlines()
+
+
+def test_containerd_2_4_starts_with_our_version_4_config_and_serves_the_runtime(
+    stock_v4, containerd2
+):
+    """The daemon itself, not only `config dump`: every path of the site's config moved
+    under a scratch directory (sockets included), so nothing of this machine's is used."""
+    scratch = Path(tempfile.mkdtemp(prefix="ctd", dir="/tmp"))
+    try:
+        site = re.sub(r"'(/[^']*)'", lambda m: f"'{scratch}{m.group(1)}'", stock_v4)
+        wanted = dict(WANT, set_as_default=True, enable_cdi=True)
+        after, _ = rc.containerd_in_place(site, "config.toml", **wanted)
+        config = scratch / "config.toml"
+        config.write_text(after)
+        lines = daemon_log(containerd2, config, "containerd successfully booted")
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    assert not [line for line in lines if "unknown key" in line], lines
+    [started] = [line for line in lines if 'msg="starting cri plugin"' in line]
+    quoted = re.search(r'config="((?:[^"\\]|\\.)*)"', started)
+    assert quoted, started
+    cri_config = json.loads(json.loads(f'"{quoted.group(1)}"'))
+    assert cri_config["containerd"]["defaultRuntimeName"] == "nvidia"
+    nvidia = cri_config["containerd"]["runtimes"]["nvidia"]
+    assert nvidia["runtimeType"] == rc.RUNC_V2
+    assert (nvidia["options"]["BinaryName"], nvidia["options"]["SystemdCgroup"]) == (NVIDIA, True)
+    assert cri_config["maxContainerLogLineSize"] == 8192
+
+
+def test_an_empty_config_can_start_at_version_4(tmp_path, containerd2):
+    after, version = rc.containerd_in_place("", "c", new_version=4, **WANT)
+    assert version == 4 and after.startswith("version = 4\n")
+    path = tmp_path / "config.toml"
+    path.write_text(after)
+    nvidia = cri(dump(path, containerd2), 4)["containerd"]["runtimes"]["nvidia"]
+    assert nvidia["options"]["BinaryName"] == NVIDIA
 
 
 def test_empty_containerd_config_gets_the_requested_version(tmp_path):

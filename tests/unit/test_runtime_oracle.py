@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Our runtime-config edits against NVIDIA's own `nvidia-ctk runtime configure`.
 
-For every input config below (containerd v1, v2 and v3, in place and as a drop-in;
+For every input config below (containerd v1, v2, v3 and v4, in place and as a drop-in;
 Docker's daemon.json missing, empty and with foreign settings; CRI-O's main config and
 a drop-in) and two sets of options, our module's logic (module_utils/runtime_config, the
 functions container_runtime.py calls) and the real nvidia-ctk edit the same files on the
@@ -412,6 +412,18 @@ def imports(run: Run, before: list[str]) -> list[Difference]:
     return [Difference(("imports",), ours_value or ABSENT, theirs_value or ABSENT, kind, why)]
 
 
+def cdi_on_by_default(run: Run) -> list[Difference]:
+    """containerd 2.x (config versions 3 and 4): CDI is on unless the file turns it off."""
+    if not run.options.enable_cdi:
+        return []
+    why = (
+        "containerd 2.x enables CDI by default (enable_cdi defaults to true in 2.0 to "
+        "2.3); 2.2 deprecated the key and 2.4 ignores it with a warning at every start, "
+        "so we write it only over a false; nvidia-ctk writes it always"
+    )
+    return [Difference(("plugins", run.case.plugin, "enable_cdi"), ABSENT, True, "on purpose", why)]
+
+
 def v1_spelling(run: Run) -> list[Difference]:
     """What nvidia-ctk writes differently into a v1 (version-less) containerd config."""
     found = [
@@ -650,6 +662,15 @@ version = 3
         SystemdCgroup = true
 """
 
+# containerd 2.3 and newer (version 4): the server settings live in plugins of their own.
+V4 = (
+    V3.replace("version = 3\n", "version = 4\n")
+    + """
+[plugins.'io.containerd.server.v1.grpc']
+  address = "/run/containerd/containerd.sock"
+"""
+)
+
 DAEMON_JSON = """{
   "log-driver": "json-file",
   "data-root": "/srv/docker",
@@ -732,20 +753,17 @@ CASES = [
         plugin=V2_CRI,
         expected=lambda run: [*comment(run), *imports(run, SITE_IMPORTS), *site_lost(run)],
     ),
-    Case(
-        "containerd-v3",
-        "containerd",
-        {CONTAINERD: V3},
-        plugin=V3_CRI,
-        expected=lambda run: [*comment(run), *imports(run, [])],
-    ),
-    Case(
-        "containerd-v3-drop-in",
-        "containerd",
-        {CONTAINERD: V3},
-        drop_in=True,
-        plugin=V3_CRI,
-        expected=lambda run: [*comment(run), *imports(run, [])],
+    *(
+        Case(
+            f"containerd-v{version}{'-drop-in' if drop_in else ''}",
+            "containerd",
+            {CONTAINERD: text},
+            drop_in=drop_in,
+            plugin=V3_CRI,
+            expected=lambda run: [*comment(run), *imports(run, []), *cdi_on_by_default(run)],
+        )
+        for version, text in ((3, V3), (4, V4))
+        for drop_in in (False, True)
     ),
     Case(
         "containerd-missing",

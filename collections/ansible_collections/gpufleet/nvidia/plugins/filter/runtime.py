@@ -16,7 +16,7 @@ import tomllib
 from ansible.errors import AnsibleFilterError
 
 # The CRI plugin whose runtimes kubelet uses, by containerd major version (a
-# containerd 2.x dump is config version 3, a 1.x dump version 2).
+# containerd 2.x dump is config version 3, or 4 from 2.3; a 1.x dump version 2).
 _CRI_RUNTIMES_PLUGIN = {1: "io.containerd.grpc.v1.cri", 2: "io.containerd.cri.v1.runtime"}
 _VERSION = re.compile(r"\bv?(\d+)\.(\d+)\.(\d+)")
 
@@ -46,7 +46,8 @@ def containerd_runtimes(dump, version_output):
         "plugin": plugin_name,
         "default": section.get("default_runtime_name", ""),
         "runtimes": runtimes,
-        "cdi": bool(plugin.get("enable_cdi", False)),
+        # containerd 2.x has CDI on by default, and 2.4 no longer shows the key.
+        "cdi": bool(plugin.get("enable_cdi", major >= 2)),
     }
 
 

@@ -30,8 +30,18 @@ except ImportError:  # reported by the module with missing_required_lib
     TOMLKitError = ValueError
     HAS_TOMLKIT = False
 
-# containerd's CRI plugin per config version: no `version` key means 1.
-CRI_PLUGIN = {1: "cri", 2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
+# containerd's CRI plugin per config version: no `version` key means 1. Version 3
+# (containerd 2.0) split the CRI plugin; version 4 (containerd 2.3) moved only the
+# server settings (containerd's RELEASES.md, "Daemon Configuration").
+CRI_PLUGIN = {
+    1: "cri",
+    2: "io.containerd.grpc.v1.cri",
+    3: "io.containerd.cri.v1.runtime",
+    4: "io.containerd.cri.v1.runtime",
+}
+# From config version 3 (containerd 2.x), CDI is on unless the file turns it off:
+# enable_cdi defaults to true there, was deprecated in 2.2 and is ignored from 2.4.
+CDI_BY_DEFAULT_FROM = 3
 RUNC_V2 = "io.containerd.runc.v2"
 # containerd's own default runtime when the config names none.
 CONTAINERD_DEFAULT_RUNTIME = "runc"
@@ -73,17 +83,17 @@ def _table(parent, key):
 
 
 def containerd_version(doc, default):
-    """The config's schema version: 1 without a `version` key (2 or 3 for new files)."""
+    """The config's schema version: 1 without a `version` key (`default` for new files)."""
     if not doc.keys():
         return default
     version = doc.get("version", 1)
     if version not in CRI_PLUGIN:
-        raise ConfigError(f"containerd config version {version} is not supported (1, 2 or 3)")
+        raise ConfigError(f"containerd config version {version} is not supported (1, 2, 3 or 4)")
     return int(version)
 
 
-def _edit_cri(cri, runtime_name, runtime_path, set_as_default, enable_cdi, present):
-    """Apply the wanted state to one CRI plugin table; returns nothing."""
+def _edit_cri(cri, version, runtime_name, runtime_path, set_as_default, enable_cdi, present):
+    """Apply the wanted state to one CRI plugin table of a config of `version`."""
     if not present and runtime_name not in cri.get("containerd", {}).get("runtimes", {}):
         if cri.get("containerd", {}).get("default_runtime_name") == runtime_name:
             cri["containerd"]["default_runtime_name"] = CONTAINERD_DEFAULT_RUNTIME
@@ -130,7 +140,12 @@ def _edit_cri(cri, runtime_name, runtime_path, set_as_default, enable_cdi, prese
         containerd["default_runtime_name"] = runtime_name
     elif not set_as_default and default_name == runtime_name:
         containerd["default_runtime_name"] = CONTAINERD_DEFAULT_RUNTIME
-    if enable_cdi and cri.get("enable_cdi") is not True:
+    # Where CDI is on by default, only a file that turns it off is told otherwise:
+    # containerd 2.4 ignores the key, with a warning at every start.
+    if enable_cdi and (
+        cri.get("enable_cdi") is False
+        or (version < CDI_BY_DEFAULT_FROM and cri.get("enable_cdi") is not True)
+    ):
         cri["enable_cdi"] = True
 
 
@@ -143,7 +158,7 @@ def containerd_in_place(text, path, *, new_version=2, **wanted):
     if not wanted["present"] and CRI_PLUGIN[version] not in doc.get("plugins", {}):
         return tomlkit.dumps(doc), version
     cri = _table(_table(doc, "plugins"), CRI_PLUGIN[version])
-    _edit_cri(cri, **wanted)
+    _edit_cri(cri, version, **wanted)
     return tomlkit.dumps(doc), version
 
 
@@ -181,7 +196,7 @@ def containerd_drop_in(main_text, main_path, drop_in_path, *, new_version=2, **w
     cri = _table(_table(drop_in, "plugins"), plugin)
     for key, value in (_plain(cri_source) if cri_source is not None else {}).items():
         cri[key] = value
-    _edit_cri(cri, **wanted)
+    _edit_cri(cri, version, **wanted)
     return tomlkit.dumps(main), (tomlkit.dumps(drop_in) if wanted["present"] else None), version
 
 

@@ -62,10 +62,11 @@ options:
   containerd_config_version:
     description:
       - Schema version for a containerd config that is empty or missing (2 for
-        containerd 1.x, 3 for 2.x). An existing config keeps its own version.
+        containerd 1.x, 3 for 2.0 to 2.2, 4 from 2.3; each containerd 2.x reads the
+        older ones). An existing config keeps its own version.
     type: int
     default: 2
-    choices: [1, 2, 3]
+    choices: [1, 2, 3, 4]
   state:
     description: Whether the NVIDIA runtime is configured.
     type: str
@@ -329,7 +330,7 @@ def main():
             "config_path": {"type": "path"},
             "drop_in_path": {"type": "path"},
             "template_base": {"type": "path"},
-            "containerd_config_version": {"type": "int", "default": 2, "choices": [1, 2, 3]},
+            "containerd_config_version": {"type": "int", "default": 2, "choices": [1, 2, 3, 4]},
             "state": {"type": "str", "default": "present", "choices": ["present", "absent"]},
             "runtime_name": {"type": "str", "default": "nvidia"},
             "runtime_path": {"type": "path", "default": "/usr/bin/nvidia-container-runtime"},
