@@ -174,7 +174,7 @@ def test_profiles_all_list_through_the_real_tool(gpu_node):
         assert names == [g.product_name for g in prof.gpus], name
 
 
-@pytest.mark.parametrize("version", ["1.17.8", "1.18.0"])
+@pytest.mark.parametrize("version", ["1.17.8", "1.18.0", "1.19.1"])
 def test_nvidia_ctk_generates_a_cdi_spec_for_every_profile(gpu_node, mock_nvml, version):
     """NVIDIA's nvidia-ctk (built from its Go module) describes each profile's GPUs.
 
@@ -209,7 +209,7 @@ def test_nvidia_ctk_generates_a_cdi_spec_for_every_profile(gpu_node, mock_nvml, 
         names = [device["name"] for device in spec["devices"]]
         listed = gpu_node.run("-L").stdout
         mig_uuids = re.findall(r"UUID: (MIG-[0-9a-f-]+)", listed)
-        # 1.18 no longer offers a MIG-enabled GPU whole, only its MIG devices.
+        # 1.18 and later no longer offer a MIG-enabled GPU whole, only its MIG devices.
         whole = [g for g in prof.gpus if not (g.mig and version != "1.17.8")]
         expected = [str(g.index) for g in whole] + [g.uuid for g in whole] + ["all"]
         expected += [f"{g.index}:{i}" for g in prof.gpus for i in range(len(g.mig))] + mig_uuids

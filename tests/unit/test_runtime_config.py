@@ -2,10 +2,11 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """The NVIDIA runtime added to containerd, Docker and CRI-O configs, the rest kept.
 
-containerd configs are checked by the real consumers: Debian 12's containerd 1.6
-(unpacked by tests/tools/consumers.sh) loads versions 1 and 2, containerd 2.4 (built by
-tests/tools/containerd/build.sh from its Go module) versions 3 and 4 as containerd 2.x
-sites have them; each must load what we write (`config dump`).
+containerd configs are checked by the real consumers: Debian 12's containerd 1.6 and
+Debian 13's 1.7 (unpacked by tests/tools/consumers.sh) load versions 1 and 2,
+containerd 2.4 (built by tests/tools/containerd/build.sh from its Go module) versions 3
+and 4 as containerd 2.x sites have them; each must load what we write (`config dump`).
+Docker's daemon.json is checked by Debian 13's dockerd 26 (`dockerd --validate`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils import runtime_con
 from conftest import PROJECT
 
 CONTAINERD = PROJECT / ".cache" / "consumers" / "usr" / "bin" / "containerd"
+# Debian 13's runtimes, unpacked by the same script: containerd 1.7, Docker 26.
+DEBIAN_13 = PROJECT / ".cache" / "consumers" / "trixie"
+CONTAINERD_1_7 = DEBIAN_13 / "usr" / "bin" / "containerd"
+DOCKERD_26 = DEBIAN_13 / "usr" / "sbin" / "dockerd"
 NVIDIA = "/usr/bin/nvidia-container-runtime"
 WANT = {
     "runtime_name": "nvidia",
@@ -225,17 +230,26 @@ def daemon_log(binary: Path, config: Path, until: str, seconds: float = 60) -> l
     return log.read_text().splitlines()
 
 
+@pytest.mark.parametrize("drop_in", [False, True], ids=["in-place", "drop-in"])
 def test_containerd_2_4_starts_with_our_version_4_config_and_serves_the_runtime(
-    stock_v4, containerd2
+    stock_v4, containerd2, drop_in
 ):
     """The daemon itself, not only `config dump`: every path of the site's config moved
-    under a scratch directory (sockets included), so nothing of this machine's is used."""
+    under a scratch directory (sockets included), so nothing of this machine's is used.
+    The drop-in goes where the stock config's own `imports` reads it."""
     scratch = Path(tempfile.mkdtemp(prefix="ctd", dir="/tmp"))
     try:
         site = re.sub(r"'(/[^']*)'", lambda m: f"'{scratch}{m.group(1)}'", stock_v4)
         wanted = dict(WANT, set_as_default=True, enable_cdi=True)
-        after, _ = rc.containerd_in_place(site, "config.toml", **wanted)
         config = scratch / "config.toml"
+        if drop_in:
+            path = scratch / "etc" / "containerd" / "conf.d" / "99-nvidia.toml"
+            after, drop_text, _ = rc.containerd_drop_in(site, str(config), str(path), **wanted)
+            assert rc.same_toml(after, site), "the stock imports already read conf.d"
+            path.parent.mkdir(parents=True)
+            path.write_text(drop_text)
+        else:
+            after, _ = rc.containerd_in_place(site, str(config), **wanted)
         config.write_text(after)
         lines = daemon_log(containerd2, config, "containerd successfully booted")
     finally:
@@ -303,6 +317,58 @@ DAEMON_JSON = """{
   "data-root": "/srv/docker"
 }
 """
+
+
+def test_containerd_1_7_stock_config_gets_cdi_and_the_default_runtime_and_back(tmp_path):
+    """Debian 13's containerd: version 2, where CDI is off unless the file turns it on."""
+    stock = containerd("config", "default", binary=CONTAINERD_1_7).stdout
+    assert "version = 2" in stock and "enable_cdi = false" in stock
+    site = stock.replace("SystemdCgroup = false", "SystemdCgroup = true")
+    wanted = dict(WANT, set_as_default=True, enable_cdi=True)
+    after, version = rc.containerd_in_place(site, "config.toml", **wanted)
+    assert version == 2
+    path = tmp_path / "config.toml"
+    path.write_text(after)
+    loaded = cri(dump(path, CONTAINERD_1_7))
+    assert loaded["enable_cdi"] is True
+    assert loaded["containerd"]["default_runtime_name"] == "nvidia"
+    options = loaded["containerd"]["runtimes"]["nvidia"]["options"]
+    assert (options["BinaryName"], options["SystemdCgroup"]) == (NVIDIA, True)
+    removed, _ = rc.containerd_in_place(after, "config.toml", **dict(wanted, present=False))
+    path.write_text(removed)
+    loaded = cri(dump(path, CONTAINERD_1_7))
+    assert "nvidia" not in loaded["containerd"]["runtimes"]
+    assert loaded["containerd"]["default_runtime_name"] == "runc"
+
+
+def dockerd_validate(path: Path) -> subprocess.CompletedProcess:
+    """Docker 26's own check of a daemon.json; docker-proxy (which it looks for on PATH,
+    as on a host where docker.io put it in /usr/sbin) beside it."""
+    assert DOCKERD_26.exists(), "run tests/tools/consumers.sh (make unit does) first"
+    return subprocess.run(
+        [str(DOCKERD_26), "--validate", "--config-file", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={"PATH": f"{DOCKERD_26.parent}:/usr/sbin:/usr/bin:/sbin:/bin"},
+    )
+
+
+def test_docker_26_validates_what_we_write_and_refuses_what_it_does_not_know(tmp_path):
+    wanted = dict(WANT, set_as_default=True, enable_cdi=True)
+    after = rc.docker_daemon_json(DAEMON_JSON, "daemon.json", **wanted)
+    removed = rc.docker_daemon_json(after, "daemon.json", **dict(wanted, present=False))
+    path = tmp_path / "daemon.json"
+    for text in (after, removed):
+        path.write_text(text)
+        checked = dockerd_validate(path)
+        assert checked.returncode == 0 and "configuration OK" in checked.stdout + checked.stderr, (
+            checked.stderr
+        )
+    # The check is Docker's: a key it does not know fails it.
+    path.write_text(after.replace('"log-driver"', '"log-drivers"'))
+    refused = dockerd_validate(path)
+    assert refused.returncode != 0 and "log-drivers" in refused.stderr, refused.stderr
 
 
 def test_docker_merges_and_keeps_other_keys():

@@ -48,7 +48,9 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils import (  # type: 
 from conftest import PROJECT
 
 BUILD = PROJECT / "tests" / "sim" / "toolkit" / "build.sh"
-VERSIONS = ["1.17.8", "1.18.0"]
+VERSIONS = ["1.17.8", "1.18.0", "1.19.1"]
+# Those that write containerd and CRI-O changes only through a drop-in (`theirs_layout`).
+DROP_IN_ONLY = ("1.18.0", "1.19.1")
 ABSENT = "<absent>"
 Leaves = dict[tuple[str, ...], Any]
 
@@ -239,7 +241,7 @@ def theirs_layout(case: Case, toolkit: Toolkit) -> tuple[str, str | None]:
     """(--config, --drop-in-config) for nvidia-ctk; None: a version without that flag.
 
     1.17 has no drop-ins: it edits the one file it is given (for CRI-O's drop-in case,
-    the drop-in). 1.18 edits containerd v2/v3 and CRI-O only through a drop-in (in place
+    the drop-in). 1.18 and 1.19 edit containerd v2/v3 and CRI-O only through a drop-in (in place
     it loses the runtime, or all of crio.conf), and a v1 containerd config only in place
     (a v1 drop-in it writes is imported by nothing): both pinned at the end of this file.
     """
@@ -389,14 +391,14 @@ def imports(run: Run, before: list[str]) -> list[Difference]:
             before,
             "layout",
             "our drop-in is imported from config.toml; nvidia-ctk 1.17 has no drop-ins "
-            "(nor 1.18 for a v1 config) and edits config.toml itself",
+            "(nor 1.18 and 1.19 for a v1 config) and edits config.toml itself",
         )
-    elif not before:
+    elif not before or run.toolkit.version != "1.18.0":
         theirs_value, kind, why = (
-            [DROP_IN_GLOB],
+            [*before, DROP_IN_GLOB],
             "layout",
-            "nvidia-ctk 1.18 writes containerd v2/v3 only as a drop-in imported from "
-            "config.toml; we were asked to edit config.toml in place",
+            "nvidia-ctk 1.18 and 1.19 write containerd v2/v3 only as a drop-in imported "
+            "from config.toml; we were asked to edit config.toml in place",
         )
     else:
         theirs_value, kind, why = (
@@ -525,7 +527,7 @@ def crio_handler_copy(run: Run) -> list[Difference]:
 
 def site_lost(run: Run) -> list[Difference]:
     """What containerd no longer reads once nvidia-ctk 1.18.0 dropped the site's import."""
-    if not run.theirs_drop_in:
+    if not run.theirs_drop_in or run.toolkit.version != "1.18.0":
         return []
     return [
         Difference(
@@ -881,9 +883,10 @@ def test_same_meaning_as_nvidia_ctk(
 
 
 def test_nvidia_ctk_in_place_containerd_v2(toolkit: Toolkit, tmp_path: Path) -> None:
-    """1.17 edits config.toml; 1.18.0 cannot: the runtime is lost, its own dir imported.
+    """1.17 edits config.toml; 1.18.0 and 1.19.1 cannot: the runtime is lost, its own dir
+    imported.
 
-    1.18.0 writes every v2/v3 change as a drop-in; with an empty --drop-in-config it
+    They write every v2/v3 change as a drop-in; with an empty --drop-in-config they
     writes that drop-in to config.toml itself, then overwrites it with the top-level
     config plus `imports` of config.toml's own directory.
     """
@@ -899,13 +902,14 @@ def test_nvidia_ctk_in_place_containerd_v2(toolkit: Toolkit, tmp_path: Path) -> 
         assert runtimes["nvidia"]["options"]["BinaryName"] == ROLE_DEFAULTS.runtime_path
         assert "imports" not in main
     else:
-        assert toolkit.version == "1.18.0", "pin what this nvidia-ctk does"
+        assert toolkit.version in DROP_IN_ONLY, "pin what this nvidia-ctk does"
         assert "nvidia" not in runtimes
         assert main["imports"] == [f"{tmp_path}/etc/containerd/*.toml"]
 
 
 def test_nvidia_ctk_in_place_crio(toolkit: Toolkit, tmp_path: Path) -> None:
-    """1.17 edits crio.conf; 1.18.0 replaces crio.conf with the nvidia handler alone."""
+    """1.17 edits crio.conf; 1.18.0 and 1.19.1 replace crio.conf with the nvidia handler
+    alone."""
     lay_out(tmp_path, {CRIO: CRIO_CONF})
     drop_in = "" if toolkit.drop_in_flag else None
     ctk = ctk_configure(toolkit, "crio", tmp_path, CRIO, drop_in, *ROLE_DEFAULTS.flags())
@@ -917,16 +921,17 @@ def test_nvidia_ctk_in_place_crio(toolkit: Toolkit, tmp_path: Path) -> None:
         assert crio["runtime"]["default_runtime"] == "crun"
         assert set(crio["runtime"]["runtimes"]) == {"crun", "nvidia"}
     else:
-        assert toolkit.version == "1.18.0", "pin what this nvidia-ctk does"
+        assert toolkit.version in DROP_IN_ONLY, "pin what this nvidia-ctk does"
         # The site's pause image, default runtime and crun handler are gone.
         assert crio == {"runtime": {"runtimes": {"nvidia": crio["runtime"]["runtimes"]["nvidia"]}}}
 
 
 def test_nvidia_ctk_drop_in_for_a_v1_containerd_config(toolkit: Toolkit, tmp_path: Path) -> None:
-    """1.17 has no --drop-in-config; 1.18.0 writes a v1 drop-in that nothing imports.
+    """1.17 has no --drop-in-config; 1.18.0 and 1.19.1 write a v1 drop-in that nothing
+    imports.
 
     containerd reads `imports` whatever the config's version (1.7's LoadConfig), and our
-    module imports its v1 drop-in; nvidia-ctk 1.18.0 leaves config.toml as it was.
+    module imports its v1 drop-in; nvidia-ctk 1.18 and 1.19 leave config.toml as it was.
     """
     lay_out(tmp_path, {CONTAINERD: V1})
     ctk = ctk_configure(
@@ -936,7 +941,7 @@ def test_nvidia_ctk_drop_in_for_a_v1_containerd_config(toolkit: Toolkit, tmp_pat
         assert ctk.returncode != 0
         assert "flag provided but not defined: -drop-in-config" in ctk.stderr
         return
-    assert toolkit.version == "1.18.0", "pin what this nvidia-ctk does"
+    assert toolkit.version in DROP_IN_ONLY, "pin what this nvidia-ctk does"
     assert ctk.returncode == 0, ctk.stderr
     assert (tmp_path / CONTAINERD).read_text() == V1
     drop_in = tomllib.loads((tmp_path / CONTAINERD_DROP_IN).read_text())
