@@ -200,10 +200,18 @@ def test_toolkit_upgrade_and_cdi_spec_follows_the_driver(host):
     assert "libnvidia-ml.so.535.261.03" in spec and "535.309.01" not in spec
     # What NVML in a container reaches the (simulated) driver through here.
     assert "containerPath: /run/nvidia-persistenced/socket" in spec
-    # 1.18 ships the refresh units: enabled, and writing our spec path.
+    # 1.18 ships the refresh units (NVIDIA's own, where its package puts them): enabled,
+    # the watch running, and the service writing our spec path with its own commands.
     assert host.service("nvidia-cdi-refresh.path").is_enabled
-    dropin = host.file("/etc/systemd/system/nvidia-cdi-refresh.service.d/gpufleet.conf")
-    assert "--output=/etc/cdi/nvidia.yaml" in dropin.content_string
+    assert host.service("nvidia-cdi-refresh.path").is_running
+    assert host.service("nvidia-cdi-refresh.service").is_enabled
+    unit = host.check_output("systemctl show -P FragmentPath nvidia-cdi-refresh.service")
+    assert unit == "/etc/systemd/system/nvidia-cdi-refresh.service"
+    environment = host.check_output("systemctl show -P Environment nvidia-cdi-refresh.service")
+    assert "NVIDIA_CTK_CDI_OUTPUT_FILE_PATH=/etc/cdi/nvidia.yaml" in environment.split()
+    assert "nvidia-ctk cdi generate" in host.check_output(
+        "systemctl show -P ExecStart nvidia-cdi-refresh.service"
+    )
     assert host.file(f"{MARKERS}/toolkit-ready").exists
     # NVIDIA's 1.18 runtime and hooks, the driver swapped under them.
     assert outcome(run, "validator_stage")["toolkit"].endswith(

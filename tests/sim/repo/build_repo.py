@@ -12,8 +12,10 @@ Package names, versions and installed paths are the upstream ones. `nvidia-ctk`,
 `nvidia-container-runtime`, `nvidia-container-runtime-hook` and `nvidia-cdi-hook` are
 NVIDIA's own, built from the container toolkit's Go module at each version
 (tests/sim/toolkit/build.sh), with the default config.toml that `nvidia-ctk config
-default` writes; the other contents (libnvidia-container, DCGM, dcgm-exporter, the
-fabric manager) are small stand-ins (tests/sim/repo/standins) that behave enough like
+default` writes, and from 1.18 on the toolkit's own CDI refresh units, their
+environment file and its base package's postinst, taken from the same module; the
+other contents (libnvidia-container, DCGM, dcgm-exporter, the fabric manager) are
+small stand-ins (tests/sim/repo/standins) that behave enough like
 upstream for the roles. Each
 repository is signed with a throwaway key made when it is built, so apt's signature
 checking is exercised for real. The output is rebuilt only when this file, the
@@ -59,6 +61,10 @@ RELEASE_SUMS = "release-assets.sha256"
 # version being packaged, and the config its nvidia-ctk writes by default.
 REAL = "toolkit:"
 DEFAULT_CONFIG = "toolkit-config:"
+# Files of the toolkit's own source (its Go module) that its packages install: the CDI
+# refresh units and their environment file (deployments/systemd) and the base package's
+# maintainer script (packaging/debian), as NVIDIA's packages of that version carry them.
+TOOLKIT_SOURCE = "toolkit-source:"
 MIG = "mig-parted:"
 # What debhelper puts at #DEBHELPER# in nvidia-mig-manager's postinst (its rules use
 # dh --with systemd, which enables the unit on installation and does not start it).
@@ -82,6 +88,22 @@ def _built(script: Path, *args: str) -> Path:
 def toolkit_bin(upstream_version: str) -> Path:
     """Where tests/sim/toolkit/build.sh put the toolkit's binaries of this version."""
     return _built(TOOLKIT_BUILD, upstream_version)
+
+
+@functools.cache
+def toolkit_source(upstream_version: str) -> Path:
+    """The toolkit's Go module source of this version (downloaded by its build)."""
+    found = subprocess.run(
+        ["go", "list", "-m", "-f", "{{.Dir}}", "github.com/NVIDIA/nvidia-container-toolkit"],
+        cwd=TOOLKIT_BUILD.parent / f"v{upstream_version}",
+        env={**os.environ, "GOFLAGS": "-mod=readonly", "GOTOOLCHAIN": "local", "GOSUMDB": "off"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if found.returncode != 0 or not found.stdout.strip():
+        raise RuntimeError(f"the toolkit {upstream_version}'s source: {found.stderr}")
+    return Path(found.stdout.strip())
 
 
 def migparted_dir() -> Path:
@@ -118,15 +140,22 @@ def packages() -> list[Package]:
             "/usr/bin/nvidia-cdi-hook": (REAL + "nvidia-cdi-hook", 0o755),
             "/etc/nvidia-container-runtime/config.toml": (DEFAULT_CONFIG, 0o644),
         }
+        base_scripts: dict[str, str] = {}
+        base_conffiles = ["/etc/nvidia-container-runtime/config.toml"]
         if tuple(int(part) for part in up.split(".")) >= (1, 18):
-            # The CDI refresh units first ship with toolkit 1.18.
-            tool_files["/lib/systemd/system/nvidia-cdi-refresh.service"] = (
-                "nvidia-cdi-refresh.service",
-                0o644,
-            )
-            tool_files["/lib/systemd/system/nvidia-cdi-refresh.path"] = (
-                "nvidia-cdi-refresh.path",
-                0o644,
+            # The CDI refresh units first ship with toolkit 1.18, where its Debian
+            # packaging puts them (nvidia-container-toolkit-base.install), enabled and
+            # started by its postinst.
+            refresh = {
+                "/etc/systemd/system/nvidia-cdi-refresh.service": "nvidia-cdi-refresh.service",
+                "/etc/systemd/system/nvidia-cdi-refresh.path": "nvidia-cdi-refresh.path",
+                "/etc/nvidia-container-toolkit/nvidia-cdi-refresh.env": "nvidia-cdi-refresh.env",
+            }
+            for path, name in refresh.items():
+                tool_files[path] = (TOOLKIT_SOURCE + "deployments/systemd/" + name, 0o644)
+            base_conffiles += list(refresh)
+            base_scripts["postinst"] = (
+                TOOLKIT_SOURCE + "packaging/debian/nvidia-container-toolkit-base.postinst"
             )
         result += [
             Package(
@@ -151,7 +180,8 @@ def packages() -> list[Package]:
                 TOOLKIT_REPO,
                 "NVIDIA Container Toolkit base (gpufleet build of NVIDIA's binaries)",
                 files=tool_files,
-                conffiles=("/etc/nvidia-container-runtime/config.toml",),
+                conffiles=tuple(base_conffiles),
+                scripts=base_scripts,
             ),
             Package(
                 "nvidia-container-toolkit",
@@ -291,6 +321,8 @@ def _build_deb(pkg: Package, standins: Path, work: Path, out_dir: Path) -> None:
             shutil.copyfile(toolkit_bin(upstream) / source.removeprefix(REAL), target)
         elif source.startswith(MIG):
             shutil.copyfile(migparted_dir() / source.removeprefix(MIG), target)
+        elif source.startswith(TOOLKIT_SOURCE):
+            shutil.copyfile(toolkit_source(upstream) / source.removeprefix(TOOLKIT_SOURCE), target)
         elif source == DEFAULT_CONFIG:
             _run(
                 [
@@ -333,11 +365,18 @@ def _build_deb(pkg: Package, standins: Path, work: Path, out_dir: Path) -> None:
     if pkg.conffiles:
         (root / "DEBIAN" / "conffiles").write_text("\n".join(pkg.conffiles) + "\n")
     for script, source in pkg.scripts.items():
-        if not source.startswith(MIG):
-            raise ValueError(f"{pkg.name} {script}: maintainer scripts come from mig-parted")
-        text = (migparted_dir() / source.removeprefix(MIG)).read_text()
+        # debhelper adds the service's enabling to mig-manager's script; the toolkit's
+        # installs its units as plain files, for which it adds nothing.
+        if source.startswith(MIG):
+            text = (migparted_dir() / source.removeprefix(MIG)).read_text()
+            text = text.replace("#DEBHELPER#", DH_ENABLE)
+        elif source.startswith(TOOLKIT_SOURCE):
+            text = (toolkit_source(upstream) / source.removeprefix(TOOLKIT_SOURCE)).read_text()
+            text = text.replace("#DEBHELPER#", "")
+        else:
+            raise ValueError(f"{pkg.name} {script}: maintainer scripts come from upstream")
         target = root / "DEBIAN" / script
-        target.write_text(text.replace("#DEBHELPER#", DH_ENABLE))
+        target.write_text(text)
         target.chmod(0o755)
     deb = out_dir / f"{pkg.name}_{pkg.version.split(':', 1)[-1]}_amd64.deb"
     _run(
