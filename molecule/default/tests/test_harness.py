@@ -71,7 +71,7 @@ def test_simulated_pci_tree_has_the_profile_devices(host):
 
 def test_local_repository_is_reachable_and_offers_two_toolkit_versions(host):
     policy = host.check_output("apt-cache policy nvidia-container-toolkit")
-    assert "Candidate: 1.18.0-1" in policy
+    assert "Candidate: 1.19.1-1" in policy
     assert "1.17.8-1" in policy
     assert f"file:{REPO}" in policy
 

@@ -154,7 +154,7 @@ def test_a_bad_runtime_name_writes_nothing(host, name):
 # keeps the packaged binary beside it (dpkg installs every version's there).
 CTK = "/usr/bin/nvidia-ctk"
 FAILING_CTK = f"""#!/bin/sh
-if [ "$1" = cdi ] && {CTK}.real --version | grep -q 'version 1.18.0'; then
+if [ "$1" = cdi ] && {CTK}.real --version | grep -q 'version 1.19.1'; then
   echo 'level=error msg="failed to generate CDI spec: test fault"' >&2
   exit 1
 fi
@@ -163,7 +163,7 @@ exec {CTK}.real "$@"
 
 
 def test_a_toolkit_change_that_fails_is_rolled_back(host):
-    """1.18.0's nvidia-ctk fails to generate the CDI spec: the stage puts the 1.17.8
+    """1.19.1's nvidia-ctk fails to generate the CDI spec: the stage puts the 1.17.8
     packages back from apt's cache, held, with their pin; the spec stays as it was."""
     spec = host.file("/etc/cdi/nvidia.yaml").content_string
     pin = host.file(TOOLKIT_PIN).content_string
@@ -173,7 +173,7 @@ def test_a_toolkit_change_that_fails_is_rolled_back(host):
         f" && printf %s {shlex.quote(FAILING_CTK)} > {CTK} && chmod 755 {CTK}",
     )
     try:
-        run = converge(["-e", "toolkit_version=1.18.0"], SITE, expect_rc=2)
+        run = converge(["-e", "toolkit_version=1.19.1"], SITE, expect_rc=2)
     finally:
         host.run_expect([0], f"rm -f {CTK} && dpkg-divert --quiet --local --rename --remove {CTK}")
     stage = outcome(run, "toolkit_stage")
@@ -192,15 +192,15 @@ def test_a_toolkit_change_that_fails_is_rolled_back(host):
 
 def test_toolkit_upgrade_and_cdi_spec_follows_the_driver(host):
     assert "535.309.01" in host.file("/etc/cdi/nvidia.yaml").content_string
-    run = converge(["-e", "toolkit_version=1.18.0", "-e", "driver_version=535.261.03"], SITE)
-    assert outcome(run, "toolkit_stage")["version"] == "1.18.0"
+    run = converge(["-e", "toolkit_version=1.19.1", "-e", "driver_version=535.261.03"], SITE)
+    assert outcome(run, "toolkit_stage")["version"] == "1.19.1"
     for package in TOOLKIT:
-        assert host.package(package).version.startswith("1.18.0-"), package
+        assert host.package(package).version.startswith("1.19.1-"), package
     spec = host.file("/etc/cdi/nvidia.yaml").content_string
     assert "libnvidia-ml.so.535.261.03" in spec and "535.309.01" not in spec
     # What NVML in a container reaches the (simulated) driver through here.
     assert "containerPath: /run/nvidia-persistenced/socket" in spec
-    # 1.18 ships the refresh units (NVIDIA's own, where its package puts them): enabled,
+    # 1.19 ships the refresh units (NVIDIA's own, where its package puts them): enabled,
     # the watch running, and the service writing our spec path with its own commands.
     assert host.service("nvidia-cdi-refresh.path").is_enabled
     assert host.service("nvidia-cdi-refresh.path").is_running
@@ -213,7 +213,7 @@ def test_toolkit_upgrade_and_cdi_spec_follows_the_driver(host):
         "systemctl show -P ExecStart nvidia-cdi-refresh.service"
     )
     assert host.file(f"{MARKERS}/toolkit-ready").exists
-    # NVIDIA's 1.18 runtime and hooks, the driver swapped under them.
+    # NVIDIA's 1.19 runtime and hooks, the driver swapped under them.
     assert outcome(run, "validator_stage")["toolkit"].endswith(
         "(NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=all)"
     )

@@ -39,7 +39,7 @@ CUDA_REPO = "cuda/repos/debian12/x86_64"
 # The signing key's fingerprint, at the top of the built tree (not served to nodes
 # as anything they trust: the inventory pins it, see tests/sim/fleet.py).
 FINGERPRINT_FILE = "signing-key.fingerprint"
-TOOLKIT_VERSIONS = ("1.17.8-1", "1.18.0-1")
+TOOLKIT_VERSIONS = ("1.17.8-1", "1.19.1-1")
 DCGM_VERSION = "1:3.3.9"
 EXPORTER_VERSION = "3.3.9-3.6.1-1"
 # Fabric manager must match the driver version exactly: one build per driver the
