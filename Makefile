@@ -46,6 +46,7 @@ dist: $(VENV)/.installed
 
 image: venv
 	@$(FLEET) image
+	@$(FLEET) image --release trixie
 
 repo: venv
 	@$(FLEET) repo
@@ -132,8 +133,9 @@ bench: image repo
 # Scenario gpu-vm needs VMs with passthrough GPUs: only its syntax is checked here.
 # Scenario cluster runs against the test control plane (molecule-cluster).
 molecule: image repo
-	image=$$($(FLEET) image); repo=$$($(FLEET) repo); \
-	  export GPUSIM_IMAGE=$$image GPUFLEET_REPO=$$repo; \
+	image=$$($(FLEET) image); trixie=$$($(FLEET) image --release trixie); \
+	  repo=$$($(FLEET) repo); \
+	  export GPUSIM_IMAGE=$$image GPUSIM_IMAGE_TRIXIE=$$trixie GPUFLEET_REPO=$$repo; \
 	  molecule test -s default && molecule test -s driver && molecule test -s runtime
 	molecule syntax -s gpu-vm
 	@echo "molecule gpu-vm: converge/verify skipped: needs VMs with PCI-passthrough GPUs" \

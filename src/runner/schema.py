@@ -3,7 +3,7 @@
 """The state database's tables: the first schema and each migration from one version to
 the next (runner.state opens, creates and migrates with them)."""
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 _SCHEMA = """
 CREATE TABLE hosts (
@@ -95,11 +95,27 @@ _SCHEMA_9 = """
 ALTER TABLE hosts ADD COLUMN remedy TEXT NOT NULL DEFAULT '{}';
 ALTER TABLE hosts ADD COLUMN remedied_at REAL;
 """
+# Schema 10: the node's operating system and the driver it runs, as the last run that
+# reached it read them (HostRecord.os, HostRecord.driver_version).
+_SCHEMA_10 = """
+ALTER TABLE hosts ADD COLUMN os TEXT NOT NULL DEFAULT '';
+ALTER TABLE hosts ADD COLUMN driver_version TEXT NOT NULL DEFAULT '';
+"""
 
 # From schema N to N + 1; a new database runs all of them after _SCHEMA.
 _MIGRATIONS = dict(
     enumerate(
-        (_SCHEMA_2, _SCHEMA_3, _SCHEMA_4, _SCHEMA_5, _SCHEMA_6, _SCHEMA_7, _SCHEMA_8, _SCHEMA_9),
+        (
+            _SCHEMA_2,
+            _SCHEMA_3,
+            _SCHEMA_4,
+            _SCHEMA_5,
+            _SCHEMA_6,
+            _SCHEMA_7,
+            _SCHEMA_8,
+            _SCHEMA_9,
+            _SCHEMA_10,
+        ),
         1,
     )
 )

@@ -104,8 +104,11 @@ def host_line(record: HostRecord) -> str:
 def stage_text(record: HostRecord, stage: str) -> str:
     """`stage=status`; the MIG stage names the layout it keeps (mig=ready:all-balanced),
     the Slurm stage the node's state in Slurm (slurm_gres=ready:IDLE), the driver stage
-    a driver it adopted from the node (driver=ready:adopted)."""
+    the version that answers (driver=ready:550.163.01) and a driver it adopted from the
+    node (driver=ready:535.261.03:adopted)."""
     text = f"{stage}={record.stages[stage]}"
+    if stage == "driver" and record.driver_version:
+        text = f"{text}:{record.driver_version}"
     if stage == "mig" and record.mig_layout:
         return f"{text}:{record.mig_layout}"
     if stage == "slurm_gres" and record.slurm_state:
@@ -155,14 +158,21 @@ def print_status(
 ) -> None:
     """The status table: a line per host, then the cluster side and each rollout."""
     width = max([len(h) for h in hosts] + [4])
-    print(f"{'HOST':<{width}}  {'STATE':<44} {'RECONCILED':<11} CHANGED     STAGES")
+    os_width = max([len(r.os) for r in hosts.values()] + [2])
+    print(
+        f"{'HOST':<{width}}  {'OS':<{os_width}}  {'STATE':<44} {'RECONCILED':<11} "
+        "CHANGED     STAGES"
+    )
     for name, record in hosts.items():
         stages = " ".join(stage_text(record, s) for s in STAGES if s in record.stages)
         action = record.health.get("action", "none")
         if action != "none":
             stages += f" health={action}"
         reconciled, changed = age(now, record.last_reconcile), age(now, record.last_change)
-        print(f"{name:<{width}}  {host_line(record):<44} {reconciled:<11} {changed:<11} {stages}")
+        print(
+            f"{name:<{width}}  {record.os or '-':<{os_width}}  {host_line(record):<44} "
+            f"{reconciled:<11} {changed:<11} {stages}"
+        )
         for address, gpu in (record.health.get("gpus") or {}).items():
             said = "; ".join(signal["detail"] for signal in gpu["signals"])
             print(f"{'':<{width}}    GPU {address} asks {gpu['action']}: {said}")

@@ -132,6 +132,10 @@ class HostRecord:
     # The driver stage's note on a driver it adopted from the node where the defaults
     # would install another; '' otherwise.
     driver_adopted: str = ""
+    # The node's operating system ("debian 13") and the driver version it runs, as the
+    # last run that reached it read them; '' where none has (or no driver answers).
+    os: str = ""
+    driver_version: str = ""
     # The GPUs' health as the last probe read it (runner.health.stored): {} unknown.
     health: dict[str, Any] = field(default_factory=dict)
     # The newest Xid event recorded in the history ({boot, usec, seq}), so each counts once.

@@ -271,13 +271,17 @@ def settle(record: HostRecord, desired: str) -> None:
 
 
 def take_stages(record: HostRecord, run: HostRun) -> None:
-    """What a run that reached the host found of its stages, MIG layout and Slurm state."""
+    """What a run that reached the host found of its stages, MIG layout, Slurm state,
+    operating system and driver."""
     if run.stages:
         record.stages = {s: str(run.stages[s].get("status")) for s in STAGES if s in run.stages}
         mig = run.stages.get("mig") or {}
         record.mig_layout = str(mig.get("config") or "") if mig.get("status") == "ready" else ""
         record.slurm_state = str((run.stages.get("slurm_gres") or {}).get("slurm_state") or "")
-        record.driver_adopted = str((run.stages.get("driver") or {}).get("adopted") or "")
+        driver = run.stages.get("driver") or {}
+        record.driver_adopted = str(driver.get("adopted") or "")
+        record.os = str(driver.get("os") or "")
+        record.driver_version = str(driver.get("version") or "")
 
 
 def out_of_rollout(record: HostRecord) -> None:

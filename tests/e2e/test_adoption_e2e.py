@@ -192,8 +192,9 @@ def test_reconcile_adopts_the_node_keeping_its_driver_and_the_sites_settings(sit
     assert record["status"] == "converged"
     assert record["stages"]["driver"] == "ready"
     assert record["driver_adopted"].startswith(f"driver {DRIVER} (open) adopted")
+    assert (record["os"], record["driver_version"]) == ("debian 12", DRIVER)
     table = site.gpufleet("status", *WHERE).stdout
-    assert "converged (driver adopted)" in table and "driver=ready:adopted" in table
+    assert "converged (driver adopted)" in table and f"driver=ready:{DRIVER}:adopted" in table
 
     again = site.gpufleet("reconcile", "--once", *WHERE)
     assert again.stdout.startswith("cycle: 1 probed, 0 planned, 0 applied"), again.stdout

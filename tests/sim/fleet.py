@@ -7,9 +7,11 @@ Each node is a podman container running systemd from the locally built image
 repository (`repo`) mounted read-only at /srv/gpufleet-repo.
 
     python tests/sim/fleet.py image            # build the node image if its recipe changed
+    python tests/sim/fleet.py image --release trixie   # the Debian 13 node image
     python tests/sim/fleet.py repo             # build the local package repository
     python tests/sim/fleet.py up               # the fleet of inventories/sim
     python tests/sim/fleet.py up --node gpu1=t4-1 --node cpu1=none
+    python tests/sim/fleet.py up --node gpu13=a100-pcie-2@trixie   # a Debian 13 node
     python tests/sim/fleet.py up --count 20 --profile t4-1 --write-inventory out/hosts.yml
     python tests/sim/fleet.py up --copy-of sim-node01 --node sim-node02=t4-1  # a benchmark's
                                                # shortcut: a copy of a converged node's disk
@@ -64,6 +66,10 @@ REPO_KEY_VARS = tuple(
 )
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 DEFAULT_INVENTORY = PROJECT / "inventories" / "sim"
+# The Debian releases a node can run (its inventory's `gpusim_release`, or
+# NAME=PROFILE@RELEASE): 12 "bookworm" unless a node names another.
+RELEASES = ("bookworm", "trixie")
+DEFAULT_RELEASE = "bookworm"
 BOOT_TIMEOUT = 90.0
 
 os.environ.setdefault("CONTAINERS_CONF", str(SIM_DIR / "containers.conf"))
@@ -77,6 +83,7 @@ class FleetError(RuntimeError):
 class NodeSpec:
     name: str
     profile: str
+    release: str = DEFAULT_RELEASE
 
 
 def _run(
@@ -120,8 +127,15 @@ def tree_hash(paths: Iterable[Path]) -> str:
     return digest.hexdigest()[:12]
 
 
-def image_tag() -> str:
-    return f"{IMAGE_NAME}:{tree_hash([IMAGE_RECIPE, KIT_DIR, NVML_DIR])}"
+def image_tag(release: str = DEFAULT_RELEASE) -> str:
+    """The image of a `release` node: the recipe's hash, with the release's name
+    after it for any release but the default."""
+    digest = tree_hash([IMAGE_RECIPE, KIT_DIR, NVML_DIR])
+    return (
+        f"{IMAGE_NAME}:{digest}"
+        if release == DEFAULT_RELEASE
+        else f"{IMAGE_NAME}:{digest}-{release}"
+    )
 
 
 def build_mock_nvml() -> Path:
@@ -130,8 +144,10 @@ def build_mock_nvml() -> Path:
     return Path(built.stdout.strip().splitlines()[-1])
 
 
-def build_image(mirror: str) -> str:
-    tag = image_tag()
+def build_image(mirror: str, release: str = DEFAULT_RELEASE) -> str:
+    if release not in RELEASES:
+        raise FleetError(f"unknown Debian release {release!r}; known: {', '.join(RELEASES)}")
+    tag = image_tag(release)
     if podman("image", "exists", tag, check=False).returncode == 0:
         return tag
     print(f"building image {tag} (debootstrap from {mirror}; about a minute)", file=sys.stderr)
@@ -139,10 +155,16 @@ def build_image(mirror: str) -> str:
     CACHE.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=CACHE, prefix="rootfs-") as work:
         rootfs = Path(work) / "rootfs"
-        log = CACHE / "image-build.log"
+        log = CACHE / f"image-build-{release}.log"
         with log.open("w") as handle:
             built = subprocess.run(
-                ["bash", str(IMAGE_RECIPE), str(rootfs), str(KIT_DIR), mirror, str(mock_nvml)],
+                [
+                    "bash",
+                    *(str(p) for p in (IMAGE_RECIPE, rootfs, KIT_DIR)),
+                    mirror,
+                    str(mock_nvml),
+                    release,
+                ],
                 stdout=handle,
                 stderr=subprocess.STDOUT,
                 check=False,
@@ -161,7 +183,8 @@ def build_image(mirror: str) -> str:
         tar.wait()
         if imported.returncode != 0 or tar.returncode != 0:
             raise FleetError(f"podman import failed: {imported.stderr.strip()}")
-    podman("tag", tag, f"{IMAGE_NAME}:latest")
+    latest = "latest" if release == DEFAULT_RELEASE else f"latest-{release}"
+    podman("tag", tag, f"{IMAGE_NAME}:{latest}")
     print(f"built {tag}", file=sys.stderr)
     return tag
 
@@ -211,7 +234,8 @@ def pin_repo_key(
 
 
 def inventory_nodes(inventory: Path) -> list[NodeSpec]:
-    """Hosts of a simulated-fleet inventory, with their `gpusim_profile` host variable."""
+    """Hosts of a simulated-fleet inventory, with their `gpusim_profile` (and
+    `gpusim_release`) host variables."""
     ansible_inventory = shutil.which("ansible-inventory", path=str(Path(sys.executable).parent))
     if not ansible_inventory:
         ansible_inventory = "ansible-inventory"
@@ -222,7 +246,8 @@ def inventory_nodes(inventory: Path) -> list[NodeSpec]:
         profile = variables.get("gpusim_profile")
         if profile is None:
             raise FleetError(f"{inventory}: host {host} has no gpusim_profile variable")
-        specs.append(NodeSpec(host, str(profile)))
+        release = str(variables.get("gpusim_release") or DEFAULT_RELEASE)
+        specs.append(NodeSpec(host, str(profile), release))
     if not specs:
         raise FleetError(f"{inventory}: no hosts")
     return specs
@@ -237,6 +262,7 @@ def running_nodes() -> list[dict[str, str]]:
             {
                 "name": item["Names"][0],
                 "profile": labels.get(f"{LABEL}.profile", "?"),
+                "release": labels.get(f"{LABEL}.release", DEFAULT_RELEASE),
                 "state": item.get("State", "?"),
                 "image": item.get("Image", "?"),
             }
@@ -291,6 +317,8 @@ def start_node(spec: NodeSpec, tag: str, repo: Path) -> None:
         "--label",
         f"{LABEL}.profile={spec.profile}",
         "--label",
+        f"{LABEL}.release={spec.release}",
+        "--label",
         f"{LABEL}.repo={repo_hash}",
         "--env",
         f"GPUSIM_PROFILE={spec.profile}",
@@ -336,6 +364,7 @@ def profiles() -> list[str]:
 
 
 def up(specs: Sequence[NodeSpec], mirror: str, copy_of: str | None = None) -> None:
+    """Start `specs`, each from its release's image (or all from a copy of `copy_of`)."""
     if copy_of in {s.name for s in specs}:
         raise FleetError(f"--copy-of {copy_of}: the node copied cannot be one of those started")
     known = profiles()
@@ -344,13 +373,17 @@ def up(specs: Sequence[NodeSpec], mirror: str, copy_of: str | None = None) -> No
         raise FleetError(f"unknown GPU profile: {', '.join(unknown)}; known: {', '.join(known)}")
     running = {n["name"] for n in running_nodes() if n["state"] == "running"}
     check_inotify(len(running | {s.name for s in specs}))
-    tag = snapshot(copy_of) if copy_of else build_image(mirror)
+    releases = {spec.release for spec in specs}
+    if copy_of:
+        tags = dict.fromkeys(releases, snapshot(copy_of))
+    else:
+        tags = {release: build_image(mirror, release) for release in sorted(releases)}
     repo = build_repo()
     for spec in specs:
-        start_node(spec, tag, repo)
+        start_node(spec, tags[spec.release], repo)
     for spec in specs:
         state = wait_booted(spec.name)
-        print(f"{spec.name}: {spec.profile} ({state})")
+        print(f"{spec.name}: {spec.profile} on {spec.release} ({state})")
 
 
 def down(names: Sequence[str]) -> None:
@@ -376,7 +409,10 @@ def node_status(name: str) -> dict[str, object]:
 
 
 def write_inventory(specs: Sequence[NodeSpec], path: Path) -> None:
-    hosts = {s.name: {"gpusim_profile": s.profile} for s in specs}
+    hosts: dict[str, dict[str, str]] = {s.name: {"gpusim_profile": s.profile} for s in specs}
+    for spec in specs:
+        if spec.release != DEFAULT_RELEASE:
+            hosts[spec.name]["gpusim_release"] = spec.release
     document = {
         "all": {
             "children": {"gpu_nodes": {"hosts": hosts}},
@@ -389,9 +425,13 @@ def write_inventory(specs: Sequence[NodeSpec], path: Path) -> None:
 
 def _parse_node(value: str) -> NodeSpec:
     name, sep, profile = value.partition("=")
-    if not sep or not name or not profile:
-        raise argparse.ArgumentTypeError(f"expected NAME=PROFILE, got {value!r}")
-    return NodeSpec(name, profile)
+    profile, at, release = profile.partition("@")
+    if not sep or not name or not profile or (at and release not in RELEASES):
+        raise argparse.ArgumentTypeError(
+            f"expected NAME=PROFILE or NAME=PROFILE@RELEASE (release one of "
+            f"{', '.join(RELEASES)}), got {value!r}"
+        )
+    return NodeSpec(name, profile, release or DEFAULT_RELEASE)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -402,12 +442,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--mirror", default=os.environ.get("GPUFLEET_DEBIAN_MIRROR", DEFAULT_MIRROR)
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("image", help="build the node image if its recipe changed; print its tag")
+    image = sub.add_parser(
+        "image", help="build the node image if its recipe changed; print its tag"
+    )
+    image.add_argument("--release", choices=RELEASES, default=DEFAULT_RELEASE)
     sub.add_parser("repo", help="build the local signed package repository")
     start = sub.add_parser("up", help="start nodes (default: the hosts of inventories/sim)")
     start.add_argument("-i", "--inventory", type=Path, default=DEFAULT_INVENTORY)
     start.add_argument(
-        "--node", action="append", type=_parse_node, default=[], metavar="NAME=PROFILE"
+        "--node", action="append", type=_parse_node, default=[], metavar="NAME=PROFILE[@RELEASE]"
     )
     start.add_argument("--count", type=int, help="start COUNT nodes of --profile")
     start.add_argument("--profile", default="t4-1")
@@ -453,7 +496,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         if args.command == "image":
-            print(build_image(args.mirror))
+            print(build_image(args.mirror, args.release))
         elif args.command == "repo":
             print(build_repo())
         elif args.command == "up":
@@ -474,7 +517,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "list":
             for node in running_nodes():
                 print(
-                    f"{node['name']:<20} {node['profile']:<20} {node['state']:<10} {node['image']}"
+                    f"{node['name']:<20} {node['profile']:<20} {node['release']:<9} "
+                    f"{node['state']:<10} {node['image']}"
                 )
         elif args.command == "status":
             for node in running_nodes():

@@ -7,13 +7,14 @@
 #   - Debian 12's nvidia-smi (non-free), which runs on the mock NVML (tests/sim/nvml);
 #   - Debian 12's Prometheus (promtool), which checks and unit-tests the alert rules;
 #   - Debian 13's containerd (1.7) and Docker (docker.io 26, whose dockerd --validate
-#     checks daemon.json), under .cache/consumers/trixie.
+#     checks daemon.json), and its nvidia-smi (550), under .cache/consumers/trixie.
 # Skips what is already there.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)/.cache/consumers"
 [ -x "$root/usr/bin/containerd" ] && [ -x "$root/usr/lib/nvidia/current/nvidia-smi" ] \
   && [ -x "$root/usr/bin/promtool" ] && [ -x "$root/trixie/usr/bin/containerd" ] \
-  && [ -x "$root/trixie/usr/sbin/dockerd" ] && exit 0
+  && [ -x "$root/trixie/usr/sbin/dockerd" ] \
+  && [ -x "$root/trixie/usr/lib/nvidia/current/nvidia-smi" ] && exit 0
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 mirror="${GPUFLEET_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
@@ -34,8 +35,9 @@ fetch() {
 }
 
 fetch bookworm "main non-free" "$root" containerd nvidia-smi prometheus
-fetch trixie main "$root/trixie" containerd docker.io
+fetch trixie "main non-free" "$root/trixie" containerd docker.io nvidia-smi
 version() { dpkg-deb -f "$work/$1/$2"_*.deb Version; }
 echo "consumers: Debian 12's containerd $(version bookworm containerd)," \
   "nvidia-smi $(version bookworm nvidia-smi), prometheus $(version bookworm prometheus);" \
-  "Debian 13's containerd $(version trixie containerd), docker.io $(version trixie docker.io)"
+  "Debian 13's containerd $(version trixie containerd), docker.io $(version trixie docker.io)," \
+  "nvidia-smi $(version trixie nvidia-smi)"

@@ -91,6 +91,9 @@ def sim_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
 
 NVIDIA_SMI = PROJECT / ".cache" / "consumers" / "usr" / "lib" / "nvidia" / "current" / "nvidia-smi"
+# Debian 13's build (550), which asks NVML for more than 535's does.
+NVIDIA_SMI_550 = PROJECT / ".cache" / "consumers" / "trixie" / "usr" / "lib" / "nvidia" / "current"
+NVIDIA_SMI_550 /= "nvidia-smi"
 
 
 def mock_nvml_library() -> Path:

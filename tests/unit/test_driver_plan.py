@@ -9,7 +9,7 @@ import re
 import pytest
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.gpufleet.nvidia.plugins.filter.driver import driver_plan
+from ansible_collections.gpufleet.nvidia.plugins.filter.driver import driver_desired, driver_plan
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import driver_plan as dp
 
 CUDA = "https://developer.download.nvidia.com/compute/cuda/repos"
@@ -81,6 +81,33 @@ def test_debian12_open_modules():
 def test_debian12_distro_has_only_the_535_branch():
     with pytest.raises(AnsibleFilterError, match="driver_branch: Debian 12 packages only"):
         driver_plan(facts("debian", "12"), branch="550", cuda_repo_base_url=CUDA)
+
+
+def test_debian13_takes_its_550_branch_from_trixie_and_the_same_package_names():
+    plan = driver_plan(
+        facts("debian", "13", nvswitches=4, kernel="6.12.48+deb13-amd64"),
+        branch="550",
+        module_type="open",
+        cuda_repo_base_url="file:/srv/mirror/cuda",
+    )
+    # Debian 13 names the packages as 12 does (nvidia-graphics-drivers 550.163.01).
+    assert plan["packages"] == [
+        "nvidia-open-kernel-dkms",
+        "nvidia-smi",
+        "libnvidia-ml1",
+        "libcuda1",
+        "firmware-nvidia-gsp",
+        "nvidia-persistenced",
+    ]
+    suites = [r["suites"] for r in plan["repositories"]]
+    assert suites[:2] == [["trixie", "trixie-updates"], ["trixie-security"]]
+    assert plan["repositories"][-1]["uris"] == ["file:/srv/mirror/cuda/debian13/x86_64"]
+    assert plan["fabricmanager"] == ["nvidia-fabricmanager-550"]
+    assert plan["headers"] == ["linux-headers-6.12.48+deb13-amd64"]
+    with pytest.raises(AnsibleFilterError, match="Debian 13 packages only the 550 branch, not 535"):
+        driver_plan(facts("debian", "13"), branch="535", cuda_repo_base_url=CUDA)
+    with pytest.raises(AnsibleFilterError, match="Debian 11 is not supported"):
+        driver_plan(facts("debian", "11"), branch="535", cuda_repo_base_url=CUDA)
 
 
 @pytest.mark.parametrize("version", ["22.04", "24.04"])
@@ -481,7 +508,7 @@ def test_an_adopted_driver_these_settings_cannot_install_is_left_as_it_is():
         ("ubuntu", "distro", "nvidia-headless-"),
         ("ubuntu", "cuda-repo", "cuda-drivers-"),
         ("debian", "cuda-repo", "cuda-drivers-"),
-        ("debian", "distro", ""),  # Debian's archive: 535 alone, known
+        ("debian", "distro", ""),  # Debian's archive: one branch per release, known
         ("rocky", "cuda-repo", ""),  # dnf: not asked
     ],
 )
@@ -500,7 +527,9 @@ def test_the_branches_offered_are_read_from_apts_package_names():
     assert dp.offered_branches("ubuntu", "distro", canonical) == ["535", "570"]
     cuda = ["cuda-drivers-535", "cuda-drivers-575", "cuda-drivers-fabricmanager-575"]
     assert dp.offered_branches("debian", "cuda-repo", cuda) == ["535", "575"]
-    assert dp.offered_branches("debian", "distro", []) == ["535"]
+    assert dp.offered_branches("debian", "distro", [], "12") == ["535"]
+    assert dp.offered_branches("debian", "distro", [], "13") == ["550"]
+    assert dp.offered_branches("debian", "distro", [], "14") == [], "a release not known"
     assert dp.offered_branches("ubuntu", "cuda-repo", []) == [], "repository not there yet"
 
 
@@ -562,6 +591,17 @@ def test_always_keeps_the_default_steady_whatever_the_source_lists():
     assert _desired(bare, manage="always")["branch"] == "535"
     assert _desired(bare, manage="always", offered=["535", "580"])["branch"] == "535"
     assert _desired(bare, offered=["535", "580"])["branch"] == "580", "auto: adopted later"
+
+
+def test_each_debian_release_defaults_to_its_own_archives_branch_under_auto_and_always():
+    bare = {**facts("debian", "13"), "gpus": [T4], "driver": _driver()}
+    for manage in ("auto", "always"):
+        assert driver_desired(bare, manage=manage)["branch"] == "550", manage
+        assert driver_desired({**bare, **facts("debian", "12")}, manage=manage)["branch"] == "535"
+    # A Debian 13 node whose GPU needs a newer branch than its archive has is told so.
+    b200 = {**bare, "gpus": [B200]}
+    with pytest.raises(AnsibleFilterError, match="offers branch\\(es\\) 550, none of which"):
+        driver_desired(b200)
 
 
 def test_only_a_loaded_driver_is_left_as_it_is():

@@ -38,20 +38,40 @@ def test_node_spec_parsing():
 
 
 def test_written_inventory_is_read_back_by_ansible(tmp_path):
-    specs = [fleet.NodeSpec("bench01", "t4-1"), fleet.NodeSpec("bench02", "none")]
+    specs = [
+        fleet.NodeSpec("bench01", "t4-1"),
+        fleet.NodeSpec("bench02", "none"),
+        fleet.NodeSpec("bench03", "a100-pcie-2", "trixie"),
+    ]
     path = tmp_path / "hosts.yml"
     fleet.write_inventory(specs, path)
     assert yaml.safe_load(path.read_text())["all"]["children"]["gpu_nodes"]["hosts"] == {
         "bench01": {"gpusim_profile": "t4-1"},
         "bench02": {"gpusim_profile": "none"},
+        "bench03": {"gpusim_profile": "a100-pcie-2", "gpusim_release": "trixie"},
     }
     assert fleet.inventory_nodes(path) == specs
 
 
-def test_default_inventory_lists_the_default_fleet():
+def test_default_inventory_lists_the_default_fleet_on_both_debian_releases():
     nodes = fleet.inventory_nodes(fleet.DEFAULT_INVENTORY)
-    profiles = sorted(n.profile for n in nodes)
-    assert profiles == ["a100-pcie-2", "h100-sxm-8", "h100-sxm-8", "none", "t4-1"]
+    profiles = sorted((n.profile, n.release) for n in nodes)
+    assert profiles == [
+        ("a100-pcie-2", "trixie"),
+        ("h100-sxm-8", "bookworm"),
+        ("h100-sxm-8", "bookworm"),
+        ("none", "bookworm"),
+        ("t4-1", "bookworm"),
+    ]
+
+
+def test_a_node_names_its_debian_release_after_its_profile():
+    parse = fleet._parse_node
+    assert parse("gpu13=a100-pcie-2@trixie") == fleet.NodeSpec("gpu13", "a100-pcie-2", "trixie")
+    assert parse("gpu12=t4-1") == fleet.NodeSpec("gpu12", "t4-1", "bookworm")
+    with pytest.raises(argparse.ArgumentTypeError, match="release one of bookworm, trixie"):
+        parse("gpu=t4-1@bullseye")
+    assert fleet.image_tag("trixie") == fleet.image_tag() + "-trixie"
 
 
 def test_fleet_cli_reports_errors_in_words(tmp_path):

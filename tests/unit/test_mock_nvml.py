@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import gpu_health, node_state, smi
-from conftest import NVIDIA_SMI, PROJECT, mock_nvml_library, nvml_env
+from conftest import NVIDIA_SMI, NVIDIA_SMI_550, PROJECT, mock_nvml_library, nvml_env
 from gpusim import node, profiles
 
 DRIVER = node.InstalledDriver("535.261.03", "proprietary", "package:nvidia-kernel-dkms")
@@ -107,6 +107,62 @@ def test_gpu_facts_reads_the_profile_back_from_the_real_tool(gpu_node):
     named = [[(d["profile"], d["memory_mib"]) for d in g["mig_devices"]] for g in facts["gpus"]]
     assert [[p for p, _ in gpu] for gpu in named] == [list(g.mig) for g in prof.gpus]
     assert {m for gpu in named for p, m in gpu if p == "1g.5gb"} == {4864}
+
+
+def test_debian13s_nvidia_smi_550_reads_the_pci_addresses_and_cpu_affinity(
+    sim_node, mock_nvml, monkeypatch
+):
+    # 550's nvidia-smi reads PCI addresses through nvmlDeviceGetPciInfoExt (535's did
+    # not): without it every bus id was [N/A], which gpufleet's health query could
+    # not read. Slurm's NVML plugin fails without a GPU's CPU affinity.
+    assert NVIDIA_SMI_550.is_file(), "run tests/tools/consumers.sh (make unit does)"
+    monkeypatch.setattr(node, "nouveau_blacklisted", lambda: True)
+    prof = sim_node("a100-pcie-2", node.InstalledDriver("550.163.01", "open", "package:x"))
+    (node.RUN / "nvml" / "library-version").write_text("550.163.01\n")
+    env = nvml_env(mock_nvml)
+
+    def smi_550(*args: str) -> str:
+        run = subprocess.run([str(NVIDIA_SMI_550), *args], capture_output=True, text=True, env=env)
+        assert run.returncode == 0, run.stdout + run.stderr
+        return run.stdout
+
+    rows = smi.parse_query_csv(smi_550(*smi.query_args()))
+    assert [(r["pci.bus_id"], r["driver_version"]) for r in rows] == [
+        (g.bus_id, "550.163.01") for g in prof.gpus
+    ]
+    remapped = smi_550(*gpu_health._REMAPPED_QUERY).splitlines()
+    assert [line.split(",")[0] for line in remapped] == [g.bus_id for g in prof.gpus]
+    # nvidia-smi's topology matrix also asks private NVML calls the mock does not
+    # serve; the CPU set NVML gives each GPU is read here as Slurm's plugin reads it.
+    script = (
+        "import ctypes, sys; lib = ctypes.CDLL(sys.argv[1]); lib.nvmlInit_v2()\n"
+        "for i in range(int(sys.argv[2])):\n"
+        "    dev, cpus = ctypes.c_void_p(), (ctypes.c_ulong * 2)()\n"
+        "    lib.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(dev))\n"
+        "    rc = lib.nvmlDeviceGetCpuAffinity(dev, 2, cpus)\n"
+        "    print(rc, ','.join(str(c) for c in range(128) if cpus[c // 64] >> (c % 64) & 1))\n"
+    )
+    read = subprocess.run(
+        [sys.executable, "-c", script, str(mock_nvml), str(len(prof.gpus))],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
+    near = [
+        (node.SYS / "bus" / "pci" / "devices" / g.sysfs_name / "local_cpulist").read_text()
+        for g in prof.gpus
+    ]
+    assert read.stdout.splitlines() == [f"0 {_cpus(cpulist)}" for cpulist in near]
+
+
+def _cpus(cpulist: str) -> str:
+    """A cpulist ("0-2,5") spelled out ("0,1,2,5")."""
+    cpus = []
+    for part in cpulist.strip().split(","):
+        first, _, last = part.partition("-")
+        cpus += range(int(first), int(last or first) + 1)
+    return ",".join(map(str, cpus))
 
 
 def test_a_gpu_without_mig_reports_it_not_available(gpu_node):

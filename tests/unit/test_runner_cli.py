@@ -278,6 +278,8 @@ def _seed(state: Path) -> None:
                 mig_layout="all-balanced",
                 slurm_state="MIXED",
                 last_reconcile=1.0,
+                os="debian 13",
+                driver_version="550.163.01",
             )
         )
         store.save(
@@ -321,9 +323,14 @@ def test_status_shows_each_host_state_in_words(capsys, state):
     code, out, _ = run(capsys, "status", "-i", EMPTY_INVENTORY, "--state-dir", str(state))
     assert code == cli.Exit.FAILED, "a quarantined host makes status non-zero"
     lines = {line.split()[0]: line for line in out.splitlines()[1:]}
+    assert out.splitlines()[0].split()[:3] == ["HOST", "OS", "STATE"]
+    # Each host's operating system and the driver it runs, as its last run read them.
+    assert lines["gpu-a"].split()[1:3] == ["debian", "13"]
+    assert lines["gpu-b"].split()[1] == "-", "no run has reached it"
     assert "converged (pre-installed: toolkit)" in lines["gpu-a"]
     assert (
-        "driver=ready mig=ready:all-balanced toolkit=pre-installed slurm_gres=ready:MIXED"
+        "driver=ready:550.163.01 mig=ready:all-balanced toolkit=pre-installed "
+        "slurm_gres=ready:MIXED"
     ) in lines["gpu-a"]
     assert "quarantined (toolkit: nvidia-ctk missing)" in lines["gpu-b"]
     assert "drifted (runtime_config)" in lines["gpu-c"]
@@ -384,7 +391,7 @@ def test_status_and_history_of_a_node_in_pull_mode(capsys, state, monkeypatch):
     local = ["--local", "--node-name", "n1", "--state-dir", str(state)]
     code, out, _ = run(capsys, "status", *local)
     assert code == cli.Exit.OK
-    assert out.splitlines()[1].split()[:2] == ["n1", "converged"]
+    assert out.splitlines()[1].split()[:3] == ["n1", "-", "converged"]
     code, out, _ = run(capsys, "history", *local)
     assert out.strip().endswith("n1 corrective [exporter]: 1 task(s) changed")
 

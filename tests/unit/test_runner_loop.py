@@ -178,6 +178,10 @@ class FakeEngine:
             if disruptive and component in stages:
                 stages[component]["disruptive"] = True
         stages["mig"]["config"] = node.variables.get("mig_config", "")
+        # What the driver stage reads of the node: its OS and the driver that answers.
+        stages["driver"].update(
+            os="debian 12", version=node.variables.get("driver_version", "535.261.03")
+        )
         if node.broken_stage:
             stages[node.broken_stage].update(status="failed", reason="it broke")
         if node.needs_reboot:
@@ -832,6 +836,16 @@ def test_kubernetes_nodes_are_cordoned_drained_and_uncordoned(store: StateStore)
     upgrade_driver(engine, "a", k8s_manifests_apply=True)
     reconciler.cycle()
     assert [call for call, _ in engine.calls] == K8S_ROLLOUT
+
+
+def test_the_record_keeps_the_nodes_os_and_the_driver_the_last_run_found(
+    store: StateStore,
+) -> None:
+    reconciler, engine, _ = converged(store, "a")
+    assert (store.host("a").os, store.host("a").driver_version) == ("debian 12", "535.261.03")
+    upgrade_driver(engine, "a")
+    reconciler.cycle()
+    assert store.host("a").driver_version == "550.127.05", "the rollout's run read it again"
 
 
 def test_a_mig_layout_change_is_rolled_out_like_a_driver_change(store: StateStore) -> None:

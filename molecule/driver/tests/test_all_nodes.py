@@ -9,12 +9,14 @@ from helpers import check_mode_run, stage
 testinfra_hosts = [
     "podman://gpufleet-drv-h100",
     "podman://gpufleet-drv-t4",
+    "podman://gpufleet-drv-a100",
     "podman://gpufleet-drv-l4",
     "podman://gpufleet-drv-cpu",
 ]
 EXPECTED = {
     "gpufleet-drv-h100": "ready",
     "gpufleet-drv-t4": "reboot-required",
+    "gpufleet-drv-a100": "ready",
     "gpufleet-drv-l4": "pre-installed",
     "gpufleet-drv-cpu": "not-a-gpu-node",
 }

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# Recipe of the simulated-node image: a Debian 12 minbase root file system with
-# systemd, python3 and the gpusim kit. Called by `tests/sim/fleet.py image`, which
-# tags the result with a hash of this file and the kit, so a change to either
-# rebuilds the image and nothing else does.
+# Recipe of the simulated-node image: a Debian minbase root file system (12
+# "bookworm" or 13 "trixie") with systemd, python3 and the gpusim kit. Called by
+# `tests/sim/fleet.py image`, which tags the result with a hash of this file and the
+# kit, so a change to either rebuilds the image and nothing else does.
 #
-#   build-rootfs.sh ROOTFS_DIR KIT_DIR MIRROR MOCK_NVML
+#   build-rootfs.sh ROOTFS_DIR KIT_DIR MIRROR MOCK_NVML [SUITE]
 #
 # MOCK_NVML is the mock libnvidia-ml.so.1 built by tests/sim/nvml/build.sh.
 set -euo pipefail
 
-rootfs=$1 kit=$2 mirror=$3 mock_nvml=$4
+rootfs=$1 kit=$2 mirror=$3 mock_nvml=$4 suite=${5:-bookworm}
 
 packages=(
   systemd systemd-sysv dbus          # a real init, so services really start and stop
@@ -19,14 +19,14 @@ packages=(
 )
 
 debootstrap --variant=minbase --include="$(IFS=,; echo "${packages[*]}")" \
-  bookworm "$rootfs" "$mirror"
+  "$suite" "$rootfs" "$mirror"
 
-# A stock Debian 12 source list (main only): enabling contrib/non-free is the
+# A stock Debian source list (main only): enabling contrib/non-free is the
 # driver role's job, as it would be on a fresh server.
 cat > "$rootfs/etc/apt/sources.list" <<SOURCES
-deb $mirror bookworm main
-deb $mirror bookworm-updates main
-deb ${mirror%/debian}/debian-security bookworm-security main
+deb $mirror $suite main
+deb $mirror $suite-updates main
+deb ${mirror%/debian}/debian-security $suite-security main
 SOURCES
 
 # Ansible logs in as root through a per-session `sshd -i` started by podman exec
@@ -80,7 +80,7 @@ install -D -m 0644 "$kit/systemd/nvidia-mig-manager-kernel-view.conf" \
 
 # A profile with a driver installed outside any package (NVIDIA's .run installer)
 # gets NVIDIA's nvidia-smi at /usr/bin: Debian's build of it, kept in the kit.
-echo "deb $mirror bookworm non-free" > "$rootfs/etc/apt/sources.list.d/gpusim-non-free.list"
+echo "deb $mirror $suite non-free" > "$rootfs/etc/apt/sources.list.d/gpusim-non-free.list"
 chroot "$rootfs" apt-get update -q
 chroot "$rootfs" sh -c 'cd /tmp && apt-get download -q nvidia-smi && dpkg-deb -x nvidia-smi_*.deb /tmp/nvidia-smi-deb'
 install -D -m 0755 "$rootfs/tmp/nvidia-smi-deb/usr/lib/nvidia/current/nvidia-smi" \

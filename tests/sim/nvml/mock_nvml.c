@@ -122,6 +122,8 @@ static void parse_gpu(char *line, struct nvmlDevice_st *gpu)
             gpu->device_id = (unsigned int)strtoul(value, NULL, 16);
         else if (!strcmp(field, "subsystem_id"))
             gpu->subsystem_id = (unsigned int)strtoul(value, NULL, 16);
+        else if (!strcmp(field, "pci_class"))
+            gpu->pci_class = (unsigned int)strtoul(value, NULL, 16);
         else if (!strcmp(field, "memory_mib"))
             gpu->memory_mib = strtoull(value, NULL, 10);
         else if (!strcmp(field, "compute_cap"))
@@ -132,6 +134,8 @@ static void parse_gpu(char *line, struct nvmlDevice_st *gpu)
             gpu->power_w = (unsigned int)strtoul(value, NULL, 10);
         else if (!strcmp(field, "numa_node"))
             gpu->numa_node = atoi(value);
+        else if (!strcmp(field, "local_cpus"))
+            copy(gpu->local_cpus, sizeof gpu->local_cpus, value);
     }
 }
 
@@ -504,6 +508,30 @@ EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *
     return NVML_SUCCESS;
 }
 
+/* The versioned form NVML added in the 550 driver, which that driver's nvidia-smi
+ * reads the PCI address from. */
+EXPORT nvmlReturn_t nvmlDeviceGetPciInfoExt(nvmlDevice_t device, nvmlPciInfoExt_t *pci)
+{
+    REQUIRE_DEVICE(device);
+    if (!pci)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (pci->version != nvmlPciInfoExt_v1)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    nvmlPciInfo_t legacy;
+    fill_pci(gpu, &legacy);
+    memset(pci, 0, sizeof *pci);
+    pci->version = nvmlPciInfoExt_v1;
+    pci->domain = legacy.domain;
+    pci->bus = legacy.bus;
+    pci->device = legacy.device;
+    pci->pciDeviceId = legacy.pciDeviceId;
+    pci->pciSubSystemId = legacy.pciSubSystemId;
+    pci->baseClass = gpu->pci_class >> 16;
+    pci->subClass = (gpu->pci_class >> 8) & 0xff;
+    copy(pci->busId, sizeof pci->busId, legacy.busId);
+    return NVML_SUCCESS;
+}
+
 EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t device, nvmlPciInfo_t *pci)
 {
     return nvmlDeviceGetPciInfo_v3(device, pci);
@@ -512,6 +540,46 @@ EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t device, nvmlPciInfo_t *
 EXPORT nvmlReturn_t nvmlDeviceGetPciInfo(nvmlDevice_t device, nvmlPciInfo_t *pci)
 {
     return nvmlDeviceGetPciInfo_v3(device, pci);
+}
+
+/* Set the bits of a cpulist ("0-3,8") in `set` (`words` unsigned longs). */
+static nvmlReturn_t cpulist_bits(const char *list, unsigned int words, unsigned long *set)
+{
+    const unsigned int per_word = 8 * sizeof(unsigned long);
+    memset(set, 0, words * sizeof *set);
+    for (const char *p = list; *p;) {
+        char *end;
+        unsigned long first = strtoul(p, &end, 10), last = first;
+        if (end == p)
+            return NVML_ERROR_UNKNOWN;
+        if (*end == '-')
+            last = strtoul(end + 1, &end, 10);
+        for (unsigned long cpu = first; cpu <= last && cpu < (unsigned long)words * per_word; cpu++)
+            set[cpu / per_word] |= 1UL << (cpu % per_word);
+        p = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',')
+            return NVML_ERROR_UNKNOWN;
+    }
+    return NVML_SUCCESS;
+}
+
+/* The CPUs near the GPU (its NUMA node's), which Slurm's NVML plugin reads as the
+ * GPU's Cores= and fails without. */
+EXPORT nvmlReturn_t nvmlDeviceGetCpuAffinityWithinScope(nvmlDevice_t device, unsigned int cpuSetSize,
+                                                        unsigned long *cpuSet, nvmlAffinityScope_t scope)
+{
+    REQUIRE_DEVICE(device);
+    if (!cpuSet || !cpuSetSize || (scope != NVML_AFFINITY_SCOPE_NODE && scope != NVML_AFFINITY_SCOPE_SOCKET))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!gpu->local_cpus[0])
+        return NVML_ERROR_NOT_SUPPORTED;
+    return cpulist_bits(gpu->local_cpus, cpuSetSize, cpuSet);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetCpuAffinity(nvmlDevice_t device, unsigned int cpuSetSize,
+                                             unsigned long *cpuSet)
+{
+    return nvmlDeviceGetCpuAffinityWithinScope(device, cpuSetSize, cpuSet, NVML_AFFINITY_SCOPE_NODE);
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t device, unsigned int *numa)

@@ -39,11 +39,13 @@ struct nvmlDevice_st {
     unsigned int bus;
     unsigned int device_id;
     unsigned int subsystem_id;
+    unsigned int pci_class; /* base class, sub class, programming interface: 0x030200 */
     unsigned long long memory_mib;
     int cc_major, cc_minor;
     int mig_capable;
     unsigned int power_w;
     int numa_node;
+    char local_cpus[128]; /* the CPUs near the GPU, as a cpulist ("0-15,32") */
     int fd; /* the open /dev/nvidiaN, a GPU handle like the real library holds */
     struct health_st health;
 };

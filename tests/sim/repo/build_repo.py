@@ -7,6 +7,7 @@ simulated nodes install from local copies laid out like the upstream ones:
     <out>/libnvidia-container/stable/deb/amd64/             flat repo, suite "/"
     <out>/cuda/repos/debian12/x86_64/                       flat repo, suite "/"
     <out>/cuda/repos/debian12/x86_64/3bf863cc.pub           its signing key
+    <out>/cuda/repos/debian13 -> debian12                   the same, for Debian 13 nodes
 
 Package names, versions and installed paths are the upstream ones. `nvidia-ctk`,
 `nvidia-container-runtime`, `nvidia-container-runtime-hook` and `nvidia-cdi-hook` are
@@ -36,6 +37,7 @@ from pathlib import Path
 
 TOOLKIT_REPO = "libnvidia-container/stable/deb/amd64"
 CUDA_REPO = "cuda/repos/debian12/x86_64"
+CUDA_REPO_DEBIAN13 = "cuda/repos/debian13"
 # The signing key's fingerprint, at the top of the built tree (not served to nodes
 # as anything they trust: the inventory pins it, see tests/sim/fleet.py).
 FINGERPRINT_FILE = "signing-key.fingerprint"
@@ -512,6 +514,9 @@ def build(source_dir: Path, out: Path) -> Path:
         ):
             _sign_repo(staging / repo, gnupg, key_id, LABELS[repo])
             (staging / key_path).write_bytes(armoured)
+        # Debian 13 nodes find the same packages under NVIDIA's directory for
+        # their release (the stand-ins do not depend on the release's libraries).
+        (staging / CUDA_REPO_DEBIAN13).symlink_to(Path(CUDA_REPO).parent.name)
         # The device plugin is released as a container image and a binary, not a
         # package: host mode downloads the binary from a URL, here a file one.
         plugin = staging / "device-plugin" / "nvidia-device-plugin"

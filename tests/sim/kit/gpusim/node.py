@@ -419,12 +419,15 @@ def _cuda_number(version: str) -> int:
     return int(major) * 1000 + int(minor or 0) * 10
 
 
-def write_nvml_gpus(prof: profiles.Profile, directory: Path | None = None) -> None:
-    """The GPUs as the kernel module would describe them to NVML (read by the mock)."""
+def write_nvml_gpus(
+    prof: profiles.Profile, directory: Path | None = None, local: dict[int, str] | None = None
+) -> None:
+    """The GPUs as the kernel module would describe them to NVML (read by the mock);
+    `local`: the CPUs of each NUMA node (a cpulist, "0-15"), the GPUs' CPU affinity."""
     directory = directory or _nvml_dir()
     lines = []
     for gpu in prof.gpus:
-        fields = {
+        fields: dict[str, object] = {
             "index": gpu.index,
             "name": gpu.product_name,
             "uuid": gpu.uuid,
@@ -434,12 +437,15 @@ def write_nvml_gpus(prof: profiles.Profile, directory: Path | None = None) -> No
             "bus": gpu.bus,
             "device_id": f"{gpu.device_id:04x}",
             "subsystem_id": f"{gpu.subsystem_id:04x}",
+            "pci_class": f"{gpu.pci_class:06x}",
             "memory_mib": gpu.memory_mib,
             "compute_cap": gpu.compute_cap,
             "mig_capable": int(gpu.mig_capable),
             "power_limit_w": gpu.power_limit_w,
             "numa_node": gpu.numa_node,
         }
+        if local and gpu.numa_node in local:
+            fields["local_cpus"] = local[gpu.numa_node]
         lines.append("\t".join(f"{key}={value}" for key, value in fields.items()))
     offers = [
         f"gpu={gpu.index} name={p.name} index={p.index} id={p.id} slices={p.slices} "
@@ -847,7 +853,7 @@ def boot() -> profiles.Profile:
     )
     (RUN / "persistence-mode").unlink(missing_ok=True)
     (RUN / "nvidia-module.json").unlink(missing_ok=True)
-    write_nvml_gpus(prof)
+    write_nvml_gpus(prof, local=local)
     reset_mig(prof)
     from . import faults  # faults reads this module's paths
 

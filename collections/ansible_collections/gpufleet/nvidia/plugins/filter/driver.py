@@ -22,8 +22,9 @@ def driver_desired(
 ):
     """The driver the node should run; see driver_plan.desired. `offers`: apt's
     package names for driver_offer_prefix."""
-    os_id = ((facts.get("os") or {}).get("id") or "").lower()
-    offered = dp.offered_branches(os_id, source, offers or [])
+    os_facts = facts.get("os") or {}
+    os_id, os_version = (os_facts.get("id") or "").lower(), os_facts.get("version_id") or ""
+    offered = dp.offered_branches(os_id, source, offers or [], os_version)
     try:
         return dp.desired(
             branch,
@@ -33,6 +34,7 @@ def driver_desired(
             facts.get("driver") or {},
             facts.get("gpus", []),
             offered,
+            dp.fixed_branches(os_id, source, os_version),
         )
     except dp.PlanError as exc:
         raise AnsibleFilterError(str(exc)) from exc

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-SUPPORTED = "Debian 12, Ubuntu 22.04/24.04, RHEL/Rocky/AlmaLinux 8/9"
+SUPPORTED = "Debian 12/13, Ubuntu 22.04/24.04, RHEL/Rocky/AlmaLinux 8/9"
 RHEL_LIKE = ("rhel", "rocky", "almalinux", "centos")
 BRANCH_RE = re.compile(r"^[0-9]{3}$")
 VERSION_RE = re.compile(r"^[0-9]{3}\.[0-9]{2,3}\.[0-9]{2,3}$")
@@ -67,8 +67,9 @@ OFFERED = {
     "distro": ("nvidia-headless-", re.compile(r"^nvidia-headless-([0-9]{3})-server(?:-open)?$")),
     "cuda-repo": ("cuda-drivers-", re.compile(r"^cuda-drivers-([0-9]{3})$")),
 }
-# Debian 12's non-free archive carries one branch.
-DEBIAN_DISTRO_BRANCHES = ("535",)
+# Debian's releases: codename, and the one driver branch its non-free archive carries
+# (source package nvidia-graphics-drivers: 535.261.03 in 12, 550.163.01 in 13).
+DEBIAN_RELEASES = {"12": ("bookworm", "535"), "13": ("trixie", "550")}
 
 
 class PlanError(ValueError):
@@ -98,11 +99,20 @@ def offer_prefix(os_id, source):
     return OFFERED[source][0] if apt and source in OFFERED else ""
 
 
-def offered_branches(os_id, source, names):
+def fixed_branches(os_id, source, os_version):
+    """The branches a source offers that are known without asking it: Debian's own
+    archive carries one per release. Empty for every other source."""
+    if os_id == "debian" and source == "distro":
+        release = DEBIAN_RELEASES.get(str(os_version or "").split(".")[0])
+        return [release[1]] if release else []
+    return []
+
+
+def offered_branches(os_id, source, names, os_version=""):
     """The branches the node's source offers, from apt's package names (`names`);
     empty where that is not known (the repository not configured yet)."""
     if os_id == "debian" and source == "distro":
-        return list(DEBIAN_DISTRO_BRANCHES)
+        return fixed_branches(os_id, source, os_version)
     if not offer_prefix(os_id, source):
         return []
     pattern = OFFERED[source][1]
@@ -152,12 +162,13 @@ def default_branch(gpus, offered=()):
     return max(fit, key=int)
 
 
-def desired(branch, version, module_type, manage, driver, gpus, offered=()):
+def desired(branch, version, module_type, manage, driver, gpus, offered=(), fixed=()):
     """Which driver the node should run: what the settings name, and for what they
     leave unset, the driver packages installed on the node (adopted) or the defaults.
 
     `driver` is gpu_facts' driver; `offered` the branches the node's package source
-    offers (`offered_branches`). A driver some package installed is adopted under
+    offers (`offered_branches`), `fixed` those of them known without asking the source
+    (`fixed_branches`). A driver some package installed is adopted under
     `driver_manage: auto`: its branch while the settings name neither a branch nor a
     version, its module flavour while they leave the flavour to `auto`. The adopted
     version is kept as installed (its packages held), not pinned. Returns branch,
@@ -182,9 +193,10 @@ def desired(branch, version, module_type, manage, driver, gpus, offered=()):
         if flavour in ("open", "proprietary"):
             module_type = taken["module_type"] = flavour
     if not branch:
-        # Under `always` the defaults do not follow the source's list: a first run
-        # (NVIDIA's repository not configured yet) and the next must agree.
-        branch = default_branch(gpus, offered if manage == "auto" else ())
+        # Under `always` the defaults follow only a list known without asking the
+        # source: a first run (NVIDIA's repository not configured yet) and the next
+        # must agree.
+        branch = default_branch(gpus, offered if manage == "auto" else fixed)
     result = {
         "branch": branch,
         "version": version,
@@ -289,14 +301,18 @@ def _apt_pin(version):
 def _debian(
     os_version, branch, version, module_type, source, base_url, mirror, security, kernel, fm
 ):
-    if os_version.split(".")[0] != "12":
+    major = os_version.split(".")[0]
+    if major not in DEBIAN_RELEASES:
         raise PlanError(f"Debian {os_version} is not supported; supported: {SUPPORTED}")
+    codename, distro_branch = DEBIAN_RELEASES[major]
+    # NVIDIA's CUDA repository directory for the release (debian12, debian13).
+    cuda_dir = f"debian{major}"
     plan = _apt_family_plan("debian", kernel)
     if source == "distro":
-        if branch != "535":
+        if branch != distro_branch:
             raise PlanError(
-                f"driver_branch: Debian 12 packages only the 535 branch, not {branch}; "
-                "set driver_source: cuda-repo for other branches"
+                f"driver_branch: Debian {major} packages only the {distro_branch} branch, "
+                f"not {branch}; set driver_source: cuda-repo for other branches"
             )
         # Debian's non-free archive (nvidia-graphics-drivers source package); the
         # open module is in contrib, the persistence daemon too. A site's own entries
@@ -308,7 +324,7 @@ def _debian(
             {
                 "name": "zz-gpufleet-debian-nvidia",
                 "uris": [mirror],
-                "suites": ["bookworm", "bookworm-updates"],
+                "suites": [codename, f"{codename}-updates"],
                 "components": ["contrib", "non-free", "non-free-firmware"],
                 "signed_by": "/usr/share/keyrings/debian-archive-keyring.gpg",
             }
@@ -317,7 +333,7 @@ def _debian(
             {
                 "name": "zz-gpufleet-debian-security-nvidia",
                 "uris": [security],
-                "suites": ["bookworm-security"],
+                "suites": [f"{codename}-security"],
                 "components": ["contrib", "non-free", "non-free-firmware"],
                 "signed_by": "/usr/share/keyrings/debian-archive-keyring.gpg",
             }
@@ -332,14 +348,14 @@ def _debian(
         plan["packages"] = [*held, "nvidia-persistenced"]
         plan["hold"] = held
     else:
-        plan["repositories"].append(_cuda_deb_repo(base_url, "debian12"))
+        plan["repositories"].append(_cuda_deb_repo(base_url, cuda_dir))
         plan.update(_cuda_deb_packages(branch, version, module_type))
     plan["fabricmanager"] = _fm_deb(branch, version) if fm else []
     if fm and source == "distro":
         # Debian does not package the fabric manager: it comes from NVIDIA's repo,
         # which also offers driver packages of Debian's names at other versions.
         # Only the fabric manager (and its NSCQ library) may come from there.
-        plan["repositories"].append(_cuda_deb_repo(base_url, "debian12"))
+        plan["repositories"].append(_cuda_deb_repo(base_url, cuda_dir))
         plan["cuda_repo_pin"] = {
             "selector": f'origin "{_origin(base_url)}"',
             "allowed": "nvidia-fabricmanager-* libnvidia-nscq-*",
