@@ -16,7 +16,10 @@ from ansible_collections.gpufleet.nvidia.plugins.filter.slurm import (
     slurm_gres_counts,
     slurm_gres_listed,
     slurm_gres_spec,
+    slurm_gres_type,
+    slurm_mig_type,
     slurm_node,
+    slurm_node_line,
 )
 from ansible_collections.gpufleet.nvidia.plugins.filter.summary import stages_not_passed
 
@@ -120,6 +123,26 @@ def test_cores_name_the_cores_near_the_gpu_when_they_are_not_all(local, count, c
     assert [e["cores"] for e in slurm_gres([mig], None, count)] == [cores]
 
 
+@pytest.mark.parametrize(
+    ("local", "count", "per_socket", "cores"),
+    [
+        ([0], 2, 2, ""),  # one socket of two cores: the whole node
+        ([1], 4, 2, "0-1"),  # the socket of core 1, of two sockets of two
+        ([2, 3], 4, 2, "2-3"),
+        ([8, 9, 10], 32, 16, "0-15"),  # a NUMA node that is part of socket 0
+        ([16], 32, 16, "16-31"),
+        ([14, 15, 16], 32, 16, ""),  # cores in two sockets: no one socket is near
+    ],
+)
+def test_cores_are_whole_sockets_for_slurm_24_11(local, count, per_socket, cores):
+    # Slurm 24.11 and newer refuse the node (INVALID_REG) whose Cores= hold part of a
+    # socket; 25.11 also one of several sockets but not every core.
+    refused = slurm_node((SLURM / "scontrol-node-24.11-socket-boundaries.txt").read_text())
+    assert "doesn't match socket boundaries" in refused["Reason"]
+    a100 = _gpu("NVIDIA A100-PCIE-40GB", 0, local_cores=local)
+    assert [e["cores"] for e in slurm_gres([a100], None, count, per_socket)] == [cores]
+
+
 def test_cores_are_on_every_line_or_on_none():
     near = [[0, 1], [2, 3], [0, 1, 2, 3], []]
     gpus = [_gpu("Tesla T4", minor, local_cores=cores) for minor, cores in enumerate(near)]
@@ -173,6 +196,26 @@ def test_what_slurmd_reads_of_mig_devices_with_their_cores():
     }
 
 
+def test_slurms_own_nvml_autodetect_finds_what_gpufleet_declares():
+    # Slurm 24.11's AutoDetect=nvml on the mock NVML (Debian 13 nodes) against
+    # gpufleet's gres.conf as slurmd read it, on the same board and layout: two A100s
+    # all-balanced, one per NUMA node; and a T4. Slurm names every core where gpufleet
+    # leaves Cores= out (every core is near: Slurm's advice).
+    auto = slurm_gres_listed((SLURM / "slurmd-G-24.11-autodetect-mig.txt").read_text())
+    ours = slurm_gres_listed((SLURM / "slurmd-G-mig.txt").read_text())
+    assert len(auto) == 8
+
+    def key(entry: dict[str, str]) -> tuple[str, str, str]:
+        return entry["type"], entry["file"], entry["cores"]
+
+    assert sorted(map(key, auto)) == sorted(map(key, ours))
+    assert {e["type"] for e in auto} == {
+        slurm_mig_type("NVIDIA A100-SXM4-40GB", p) for p in ("1g.5gb", "2g.10gb", "3g.20gb")
+    }
+    (t4,) = slurm_gres_listed((SLURM / "slurmd-G-24.11-autodetect-t4.txt").read_text())
+    assert t4 == {"type": slurm_gres_type("Tesla T4"), "file": "/dev/nvidia0", "cores": "0-1"}
+
+
 def test_a_node_as_scontrol_reports_it():
     idle = slurm_node((SLURM / "scontrol-node-idle.txt").read_text())
     assert (idle["NodeName"], idle["State"], idle["Gres"]) == ("slt-t4", "IDLE", "gpu:tesla_t4:1")
@@ -183,6 +226,20 @@ def test_a_node_as_scontrol_reports_it():
         "gres/gpu count reported lower than configured (0 < 1) [slurm@2026-11-24T22:21:00]"
     )
     assert slurm_node("Node slt-x not found\n") == {}
+
+
+def test_the_rendered_line_has_one_gres_where_slurmd_printed_its_own():
+    # slurmd 24.11 with its NVML plugin adds the GPUs it detects to `slurmd -C`'s line.
+    hardware = (SLURM / "slurmd-C-24.11-nvml.txt").read_text()
+    spec = "gpu:nvidia_a100_2g.10gb:2,gpu:nvidia_a100_1g.5gb:4,gpu:nvidia_a100_3g.20gb:2"
+    line = slurm_node_line(hardware, spec)
+    assert line.count("Gres=") == 1 and line.endswith(f"RealMemory=24105 Gres={spec}")
+    assert line.startswith("NodeName=s13-a100 CPUs=2 Boards=1 SocketsPerBoard=1 ")
+    assert "Gres=" not in slurm_node_line(hardware), "a node whose GPUs are withdrawn"
+    older = "NodeName=slt-t4 CPUs=2 RealMemory=24105\nUpTime=0-07:41:36\n"
+    assert slurm_node_line(older, "gpu:tesla_t4:1") == (
+        "NodeName=slt-t4 CPUs=2 RealMemory=24105 Gres=gpu:tesla_t4:1"
+    )
 
 
 def test_stages_that_ran_and_did_not_pass():

@@ -44,9 +44,23 @@ def slurm_mig_type(name, profile, types=None):
     return f"{base}_{profile}"
 
 
-def _cores(local, count):
+def _in_sockets(local, per_socket):
+    """The cores of the one socket (of `per_socket` cores) that holds the cores `local`;
+    every core (None) where they are in more than one socket."""
+    sockets = {core // per_socket for core in local}
+    if len(sockets) > 1:
+        return None
+    (socket,) = sockets
+    return range(socket * per_socket, (socket + 1) * per_socket)
+
+
+def _cores(local, count, per_socket=0):
     """Cores= for a device near `local` cores of `count`: "" when that is every core
-    or unknown, as Slurm advises; else ranges ("0-15,32")."""
+    or unknown, as Slurm advises; else ranges ("0-15,32"). With `per_socket`, whole
+    sockets of that many cores: the socket holding them, or every core where they are
+    in more than one."""
+    if local and count and per_socket:
+        local = _in_sockets(local, per_socket)
     if not local or not count or set(local) >= set(range(count)):
         return ""
     runs = []
@@ -58,13 +72,15 @@ def _cores(local, count):
     return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in runs)
 
 
-def slurm_gres(gpus, types=None, core_count=0):
+def slurm_gres(gpus, types=None, core_count=0, socket_cores=0):
     """One gres.conf entry per GPU, or per MIG device of a GPU in MIG mode:
     {type, file, files, cores, gpu, mig}. `file` is the comma-joined `files` (one
     file, or a MIG device's GPU and capability files), as slurmd -G lists it; `cores`
     is the Cores= value ("" for any core; on every entry or none), from the GPU's
-    `local_cores` among `core_count` (Slurm's count of the node's cores); `mig` the
-    MIG profile ("" for a whole GPU).
+    `local_cores` among `core_count` (Slurm's count of the node's cores), widened to
+    the whole socket of `socket_cores` cores that holds them where that is given
+    (Slurm 24.11 refuses a Cores= with part of a socket; 25.11 also one of several
+    sockets but not all); `mig` the MIG profile ("" for a whole GPU).
     A GPU in MIG mode without MIG devices has no entry. What the facts do not know (a
     name, a device file) is an error naming the GPU."""
     if not isinstance(gpus, list):
@@ -82,7 +98,7 @@ def slurm_gres(gpus, types=None, core_count=0):
             raise AnsibleFilterError(
                 f"{where}: the driver reported no minor number, so its /dev/nvidiaN is unknown"
             )
-        cores = _cores(gpu.get("local_cores"), core_count)
+        cores = _cores(gpu.get("local_cores"), core_count, socket_cores)
         near.append(cores)
         devices = [(slurm_gres_type(gpu["name"], types), [f"/dev/nvidia{minor}"], "")]
         if gpu.get("mig_mode"):
@@ -165,6 +181,15 @@ def slurm_node(output):
     return fields
 
 
+def slurm_node_line(hardware, spec=""):
+    """The node's slurm.conf line: the NodeName= line `slurmd -C` printed, with
+    Gres=`spec` (none where it is empty) in place of the Gres= slurmd adds itself
+    (slurmd 24.11 and newer list the GPUs their NVML plugin detects there)."""
+    line = next((ln for ln in (hardware or "").splitlines() if ln.startswith("NodeName=")), "")
+    fields = [field for field in line.split() if not field.startswith("Gres=")]
+    return " ".join([*fields, f"Gres={spec}"] if spec else fields)
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -173,4 +198,5 @@ class FilterModule:
             "slurm_gres_counts": slurm_gres_counts,
             "slurm_gres_listed": slurm_gres_listed,
             "slurm_node": slurm_node,
+            "slurm_node_line": slurm_node_line,
         }
