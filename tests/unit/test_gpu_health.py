@@ -302,3 +302,29 @@ def test_a_real_h100s_answer_to_the_health_query_is_one_call_and_no_signal():
             "uuid": "GPU-b43c57e7-cc2b-1cae-51e7-e52cd295a5db",
         }
     }
+
+
+def _documented_fields(help_text: str) -> set[str]:
+    """The field names a `--help-query-…` text lists: quoted at the start of a line,
+    aliases after `or` (`"name" or "gpu_name"`)."""
+    return {
+        name
+        for line in help_text.splitlines()
+        if line.startswith('"')
+        for name in re.findall(r'"([^"]+)"', line)
+    }
+
+
+def test_every_field_we_query_is_one_a_real_580_nvidia_smi_documents():
+    """nvidia-smi refuses a whole query for one unknown field (rc 2), so a misspelt
+    field would cost every node its facts; the names are checked against the list a
+    real H200's driver 580.159.04 printed (`--help-query-gpu`,
+    `--help-query-remapped-rows`)."""
+    gpu = _documented_fields((SMI / f"{H200}.help-query-gpu.txt").read_text())
+    asked = {*smi.QUERY_FIELDS, *gh.HEALTH_FIELDS, *gh.NEWER_FIELDS, *gh.IDENTITY_FIELDS}
+    assert len(gpu) > 100 and asked | set(gh.FLAGS) <= gpu, sorted(asked - gpu)
+    remapped = _documented_fields((SMI / f"{H200}.help-query-remapped-rows.txt").read_text())
+    fields = gh._REMAPPED_QUERY[0].split("=", 1)[1].split(",")
+    assert set(fields) <= remapped, sorted(set(fields) - remapped)
+    # A field a newer driver renamed would show here first: 580 knows both spellings.
+    assert {"clocks_throttle_reasons.active", "clocks_event_reasons.active"} <= gpu

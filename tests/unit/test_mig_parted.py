@@ -19,7 +19,7 @@ from test_mig_config import FIT_CASES
 
 from ansible_collections.gpufleet.nvidia.plugins.filter import mig as mig_filters
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import mig_config, smi
-from conftest import NVIDIA_SMI, mock_nvml_library, nvml_env
+from conftest import FIXTURES, NVIDIA_SMI, mock_nvml_library, nvml_env
 from gpusim import node
 
 DRIVER = node.InstalledDriver("535.261.03", "proprietary", "package:nvidia-kernel-dkms")
@@ -91,7 +91,10 @@ def current(mig_node) -> list[dict]:
 def test_mig_parted_applies_a_layout_and_asserts_it(mig_node):
     mig_node("a100-pcie-2")
     config = str(mig_node.config)
-    assert current(mig_node) == [{"devices": "all", "mig-enabled": False, "mig-devices": {}}]
+    # Byte for byte what mig-parted v0.10.0 exported on a real H200 with MIG disabled:
+    # the layout a failed apply would put back.
+    real = (FIXTURES / "mig-parted" / "h200-580.159.04.export.yaml").read_text()
+    assert mig_node.run("export").stdout == real
     assert mig_node.run("assert", "-f", config, "-c", "all-balanced").returncode != 0
 
     applied = mig_node.run("apply", "-f", config, "-c", "all-balanced")

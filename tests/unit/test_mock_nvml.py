@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import gpu_health, node_state, smi
-from conftest import NVIDIA_SMI, NVIDIA_SMI_550, PROJECT, mock_nvml_library, nvml_env
+from conftest import FIXTURES, NVIDIA_SMI, NVIDIA_SMI_550, PROJECT, mock_nvml_library, nvml_env
 from gpusim import node, profiles
 
 DRIVER = node.InstalledDriver("535.261.03", "proprietary", "package:nvidia-kernel-dkms")
@@ -250,6 +250,7 @@ def test_nvidia_ctk_generates_a_cdi_spec_for_every_profile(gpu_node, mock_nvml, 
         if not prof.gpus or prof.preinstalled_driver:
             continue
         gpu_node(name)
+        node.load_module("nvidia_uvm")  # as the toolkit stage's unit does
         root = node.DEV.parent
         libdir = root / "usr" / "lib" / "x86_64-linux-gnu"
         libdir.mkdir(parents=True, exist_ok=True)
@@ -278,6 +279,39 @@ def test_nvidia_ctk_generates_a_cdi_spec_for_every_profile(gpu_node, mock_nvml, 
         nodes = {n["path"] for d in spec["devices"] for n in d["containerEdits"]["deviceNodes"]}
         gpu_nodes = {p for p in nodes if not p.startswith("/dev/nvidia-caps/")}
         assert gpu_nodes == {f"/dev/nvidia{g.index}" for g in prof.gpus}, name
+        if version in REAL_CDI and not any(g.mig for g in prof.gpus):
+            assert _cdi_shape(spec) == _cdi_shape(REAL_CDI[version]), name
+
+
+# What nvidia-ctk generated on a real H200 (driver 580.159.04, one GPU, MIG disabled).
+REAL_CDI = {
+    version: yaml.safe_load(
+        (FIXTURES / "nvidia-ctk" / f"h200-580.159.04.cdi-{version}.yaml").read_text()
+    )
+    for version in ("1.17.8", "1.19.1")
+}
+
+
+def _whole(device: dict) -> bool:
+    """A device naming a whole GPU (its index or UUID), not `all` nor a MIG device."""
+    return device["name"].isdigit() or device["name"].startswith("GPU-")
+
+
+def _cdi_shape(spec: dict) -> dict:
+    """What a spec shares with the real one whatever the GPUs and the driver's files:
+    its version and kind, the device nodes every container gets, the hooks it runs and
+    the variables it sets (their names), each GPU's own device node kept apart."""
+    edits = spec["containerEdits"]
+    return {
+        "cdiVersion": spec["cdiVersion"],
+        "kind": spec["kind"],
+        "nodes": sorted(n["path"] for n in edits["deviceNodes"]),
+        "hooks": sorted({(h["hookName"], h["args"][1]) for h in edits.get("hooks", [])}),
+        "env": sorted(e.split("=", 1)[0] for e in edits.get("env", [])),
+        "whole_gpu": sorted(
+            {len(d["containerEdits"]["deviceNodes"]) for d in spec["devices"] if _whole(d)}
+        ),
+    }
 
 
 # --- MIG: mode, instances and MIG devices, driven by nvidia-smi's own commands ---------

@@ -23,7 +23,7 @@ UNITS = sorted(
 
 
 def test_there_are_units_to_check():
-    assert [p.name for p in UNITS] == ["run-nvidia-mps-shm.mount"]
+    assert [p.name for p in UNITS] == ["run-nvidia-mps-shm.mount", "gpufleet-nvidia-uvm.service"]
 
 
 @pytest.mark.parametrize("unit", UNITS, ids=lambda p: p.name)

@@ -167,7 +167,11 @@ def test_driver_on_rhel_lists_installed_package_names_not_streams_or_globs(tmp_p
 def test_toolkit_on_rhel_without_the_cdi_refresh_units(tmp_path):
     found = managed(tmp_path, "toolkit", {"_toolkit_family": "dnf"}, "_toolkit_managed")
     assert found == {
-        "files": ["/etc/yum.repos.d/nvidia-container-toolkit.repo", "/etc/cdi/nvidia.yaml"],
+        "files": [
+            "/etc/yum.repos.d/nvidia-container-toolkit.repo",
+            "/etc/cdi/nvidia.yaml",
+            "/etc/systemd/system/gpufleet-nvidia-uvm.service",
+        ],
         "packages": [
             "nvidia-container-toolkit",
             "nvidia-container-toolkit-base",
@@ -175,7 +179,8 @@ def test_toolkit_on_rhel_without_the_cdi_refresh_units(tmp_path):
             "libnvidia-container1",
             "python3-dnf-plugin-versionlock",
         ],
-        "services": [],
+        # The unit that loads nvidia-uvm for the spec's device files; no refresh units.
+        "services": ["gpufleet-nvidia-uvm.service"],
     }
 
 

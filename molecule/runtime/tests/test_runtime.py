@@ -11,6 +11,7 @@ import json
 import shlex
 
 import pytest
+import yaml
 from helpers import PROJECT, converge
 
 testinfra_hosts = ["gpufleet-rt-t4"]
@@ -81,6 +82,7 @@ def test_toolkit_pinned_held_and_cdi_spec_lists_the_gpu(host):
         assert selections[selections.index(package) + 1] == "hold", package
     listed = host.check_output("nvidia-ctk cdi list").splitlines()
     assert "nvidia.com/gpu=0" in listed and "nvidia.com/gpu=all" in listed
+    assert_uvm_in_the_spec(host)
     # 1.17 ships no CDI refresh units.
     assert not host.file("/etc/systemd/system/nvidia-cdi-refresh.service.d/gpufleet.conf").exists
 
@@ -190,6 +192,17 @@ def test_a_toolkit_change_that_fails_is_rolled_back(host):
     assert "version 1.17.8" in host.check_output("nvidia-ctk --version")
 
 
+def assert_uvm_in_the_spec(host):
+    """nvidia-uvm loaded by the stage's unit, its device files there and in the spec
+    every container gets (as in a real H200's spec: tests/unit/fixtures/nvidia-ctk)."""
+    assert host.service("gpufleet-nvidia-uvm.service").is_enabled
+    assert host.service("gpufleet-nvidia-uvm.service").is_running
+    assert host.run("test -c /dev/nvidia-uvm && test -c /dev/nvidia-uvm-tools").rc == 0
+    spec = yaml.safe_load(host.file("/etc/cdi/nvidia.yaml").content_string)
+    nodes = [node["path"] for node in spec["containerEdits"]["deviceNodes"]]
+    assert sorted(nodes) == ["/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidiactl"]
+
+
 def test_toolkit_upgrade_and_cdi_spec_follows_the_driver(host):
     assert "535.309.01" in host.file("/etc/cdi/nvidia.yaml").content_string
     run = converge(["-e", "toolkit_version=1.19.1", "-e", "driver_version=535.261.03"], SITE)
@@ -198,6 +211,8 @@ def test_toolkit_upgrade_and_cdi_spec_follows_the_driver(host):
         assert host.package(package).version.startswith("1.19.1-"), package
     spec = host.file("/etc/cdi/nvidia.yaml").content_string
     assert "libnvidia-ml.so.535.261.03" in spec and "535.309.01" not in spec
+    # The driver change unloaded nvidia-uvm with nvidia; the stage loaded it again.
+    assert_uvm_in_the_spec(host)
     # What NVML in a container reaches the (simulated) driver through here.
     assert "containerPath: /run/nvidia-persistenced/socket" in spec
     # 1.19 ships the refresh units (NVIDIA's own, where its package puts them): enabled,
