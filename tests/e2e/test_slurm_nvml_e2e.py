@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -123,6 +124,37 @@ def test_gpufleet_declares_the_mig_devices_slurms_own_nvml_autodetect_finds(flee
     # the socket, which here is every core: no Cores= at all.
     assert {e["Cores"] for e in theirs} <= {"0", "1"}
     assert {e["Cores"] for e in ours} == {""}
+
+
+def _set_variables(fleet: Fleet, **more: object) -> None:
+    (fleet.inventory / "host_vars" / f"{MIG}.yml").write_text(
+        json.dumps({**VARIABLES, **more}) + "\n"
+    )
+
+
+def test_autodetect_slurmctld_would_refuse_is_refused_before_gres_conf_changes(fleet: Fleet):
+    # The site chooses Slurm's own detection for the node. On this machine it finds each
+    # MIG device near one core of a 2-core socket (the mock NVML's NUMA layout), which
+    # slurmctld 24.11 refuses: the stage asks slurmd first and keeps gpufleet's lines.
+    before = fleet.on_node(MIG, "cat", "/etc/slurm/gres.conf").stdout
+    _set_variables(fleet, slurm_gres_autodetect="nvml")
+    result = _cycle(fleet)
+    record = fleet.status()[MIG]
+    assert (record["status"], record["failed_stage"]) == ("failed", "slurm_gres"), result.stdout
+    reason = " ".join(record["reason"].split())
+    assert "slurm_gres_autodetect nvml on nvml-a100: Slurm would see the GPUs otherwise" in reason
+    assert "(cores slurmctld 24.11 refuses), so gres.conf is unchanged" in reason, reason
+    assert "set SlurmdParameters=numa_node_as_socket in slurm.conf" in reason, reason
+    assert fleet.on_node(MIG, "cat", "/etc/slurm/gres.conf").stdout == before
+    # Slurm kept the node as it was: registered, its GPUs declared.
+    node = fleet.on_node(HEAD, "scontrol", "--oneliner", "show", "node", MIG).stdout
+    assert "State=IDLE " in node, node
+    # Back to gpufleet's lines: the node converges again (once its 1 s backoff is over).
+    _set_variables(fleet)
+    time.sleep(2)
+    result = _cycle(fleet)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert fleet.status()[MIG]["stages"]["slurm_gres"] == "ready"
 
 
 def test_a_second_cycle_changes_nothing_on_the_debian_13_node(fleet: Fleet):

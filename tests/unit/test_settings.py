@@ -196,6 +196,11 @@ CERTIFICATE = {
             "driver_secure_boot_signing_certificate: expected it with "
             "driver_secure_boot_signing_key (DKMS signs with both), got nothing.",
         ),
+        (
+            {"slurm_gres_autodetect": "nvml", "slurm_gres_types": {"Tesla T4": "t4"}},
+            "slurm_gres_types: expected empty with slurm_gres_autodetect 'nvml': Slurm's "
+            "AutoDetect names the types itself",
+        ),
     ],
 )
 def test_a_wrong_value_is_named_with_the_form_expected(values, words):
@@ -250,6 +255,8 @@ def test_a_wrong_value_is_named_with_the_form_expected(values, words):
         {"exporter_collectors": "", "k8s_manifests_exporter_collectors": ""},
         {**KEY, **CERTIFICATE},
         {"driver_secure_boot_signing_key": "", "driver_secure_boot_signing_certificate": ""},
+        {"slurm_gres_autodetect": "nvml", "slurm_gres_types": {}},
+        {"slurm_gres_autodetect": "", "slurm_gres_types": {"Tesla T4": "t4"}},
     ],
 )
 def test_a_right_value_passes(values):

@@ -12,6 +12,7 @@ import pytest
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpufleet.nvidia.plugins.filter.slurm import (
+    slurm_autodetect_differences,
     slurm_gres,
     slurm_gres_counts,
     slurm_gres_listed,
@@ -255,3 +256,37 @@ def test_stages_that_ran_and_did_not_pass():
     ) == ["validator failed"]
     with pytest.raises(ValueError, match="unknown stage"):
         stages_not_passed(hostvars, ["validation"])
+
+
+def test_autodetect_agrees_where_slurm_finds_the_devices_the_driver_reports():
+    # Slurm 24.11's AutoDetect=nvml on the mock NVML against gpufleet's entries for the
+    # same boards: a T4 near both cores of a 2-core socket, and the A100 pair's MIG
+    # devices, each near one core of that socket.
+    (t4,) = slurm_gres_listed((SLURM / "slurmd-G-24.11-autodetect-t4.txt").read_text())
+    ours = [{"type": "tesla_t4", "file": "/dev/nvidia0", "cores": ""}]
+    assert slurm_autodetect_differences([t4], ours, 2) == []
+    auto = slurm_gres_listed((SLURM / "slurmd-G-24.11-autodetect-mig.txt").read_text())
+    declared = slurm_gres_listed((SLURM / "slurmd-G-mig.txt").read_text())
+    assert slurm_autodetect_differences(auto, declared) == []
+    # With whole sockets required (24.11 on), a core of the two is part of a socket.
+    refused = slurm_autodetect_differences(auto, declared, 2)
+    assert len(refused) == len(auto) == 8
+    assert all("part of a 2-core socket" in said for said in refused), refused
+    assert refused[0].startswith("Slurm puts nvidia_a100_") and " on /dev/nvidia" in refused[0]
+    # Where NUMA nodes are sockets (SlurmdParameters=numa_node_as_socket): one core each.
+    assert slurm_autodetect_differences(auto, declared, 1) == []
+
+
+def test_autodetect_names_what_it_finds_otherwise():
+    ours = [
+        {"type": "tesla_t4", "file": "/dev/nvidia0", "cores": ""},
+        {"type": "tesla_t4", "file": "/dev/nvidia1", "cores": ""},
+    ]
+    found = [
+        {"type": "t4", "file": "/dev/nvidia0", "cores": "0-1"},
+    ]
+    assert slurm_autodetect_differences(found, ours, 2) == [
+        "Slurm finds t4 on /dev/nvidia0, which the driver does not report",
+        "Slurm does not find the tesla_t4 on /dev/nvidia0",
+        "Slurm does not find the tesla_t4 on /dev/nvidia1",
+    ]

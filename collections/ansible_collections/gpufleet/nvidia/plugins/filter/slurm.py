@@ -5,7 +5,8 @@
 value of the node's slurm.conf line.
 
 Documentation: slurm_gres.yml, slurm_gres_spec.yml, slurm_gres_counts.yml,
-slurm_gres_listed.yml and slurm_node.yml next to this file.
+slurm_gres_listed.yml, slurm_autodetect_differences.yml, slurm_node.yml and
+slurm_node_line.yml next to this file.
 """
 
 from __future__ import annotations
@@ -168,6 +169,49 @@ def slurm_gres_listed(output):
     ]
 
 
+def _core_set(value):
+    """The cores of a Cores= value ("0-15,32")."""
+    cores = set()
+    for part in filter(None, (value or "").split(",")):
+        first, _, last = part.partition("-")
+        cores.update(range(int(first), int(last or first) + 1))
+    return cores
+
+
+def slurm_autodetect_differences(listed, entries, socket_cores=0):
+    """What Slurm's AutoDetect=nvml (`listed`, from slurm_gres_listed over slurmd -G)
+    gets otherwise than the driver's view (`entries`, from slurm_gres): a device found
+    by one and not the other, or a type named otherwise, each one short sentence naming
+    the type and the GPU's device file; with `socket_cores` (Slurm 24.11 and newer),
+    also a detected Cores= holding part of a socket of that many cores, which slurmctld
+    refuses. [] when they agree."""
+
+    def gpu(files):
+        return files.split(",", 1)[0]  # a MIG device's GPU, before its capability files
+
+    found = {(e["type"], e["file"]) for e in listed}
+    declared = {(e["type"], e["file"]) for e in entries}
+    said = [
+        f"Slurm finds {kind} on {gpu(files)}, which the driver does not report"
+        for kind, files in sorted(found - declared)
+    ]
+    said += [
+        f"Slurm does not find the {kind} on {gpu(files)}"
+        for kind, files in sorted(declared - found)
+    ]
+    if socket_cores:
+        for entry in listed:
+            cores = _core_set(entry["cores"])
+            sockets = {core // socket_cores for core in cores}
+            whole = set().union(*(range(s * socket_cores, (s + 1) * socket_cores) for s in sockets))
+            if cores != whole:
+                said.append(
+                    f"Slurm puts {entry['type']} on {gpu(entry['file'])} near cores "
+                    f"{entry['cores']}, part of a {socket_cores}-core socket"
+                )
+    return said
+
+
 def slurm_node(output):
     """The fields of `scontrol --oneliner show node NAME` as a dict ({} when the output
     has no node). Reason= runs to the end of the line, spaces and all."""
@@ -197,6 +241,7 @@ class FilterModule:
             "slurm_gres_spec": slurm_gres_spec,
             "slurm_gres_counts": slurm_gres_counts,
             "slurm_gres_listed": slurm_gres_listed,
+            "slurm_autodetect_differences": slurm_autodetect_differences,
             "slurm_node": slurm_node,
             "slurm_node_line": slurm_node_line,
         }

@@ -593,6 +593,13 @@ def _dependent_problems(values, role_dir=None, managed_hosts=None):
             )
         except K8sInputError as exc:
             found.append(str(exc).replace("device plugin: ", "", 1) + ".")
+    if values.get("slurm_gres_autodetect") and values.get("slurm_gres_types"):
+        found.append(
+            "slurm_gres_types: expected empty with slurm_gres_autodetect "
+            f"{values['slurm_gres_autodetect']!r}: Slurm's AutoDetect names the types itself "
+            "(lower case, spaces as underscores); got "
+            f"{sorted(values['slurm_gres_types'])!r}."
+        )
     for index, toleration in enumerate(values.get("k8s_manifests_tolerations") or []):
         problem = (
             _toleration_problem(toleration) if isinstance(toleration, dict) else "not a mapping"
