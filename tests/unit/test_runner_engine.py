@@ -70,7 +70,13 @@ def test_an_answering_unmanaged_driver_is_no_failure():
 
 def test_a_planned_mig_layout_change_is_disruptive_a_rewritten_layouts_file_is_not():
     stages = {s: {"status": "ready"} for s in STAGES}
-    copy = [Change("mig", "Put the MIG layouts on the node")]
+    copy = [
+        Change(
+            "mig",
+            "Put the MIG layouts on the node, and point nvidia-mig-manager at them"
+            " and at the layout",
+        )
+    ]
     assert not HostRun("a", changes=copy, stages=stages).disruptive
     stages["mig"]["disruptive"] = True  # mig-parted found the GPUs off the layout
     say = [Change("mig", "Say what applying would change")]
@@ -113,7 +119,31 @@ def test_a_plan_shows_the_file_on_the_node_and_a_prediction_in_words():
     collector(_ok("Pin anew", "ansible.builtin.template", new_file))
     collector(_ok("Predict the replacement", "ansible.builtin.debug", said))
     collector(_ok("Install", "ansible.builtin.apt", quiet))
-    diff, created, prediction, install = collector.hosts["a"].changes
+    # gpufleet.nvidia.files names each file in its own diff.
+    markers = {
+        "changed": True,
+        "diff": [
+            {
+                "before_header": "/run/v/toolkit-ready",
+                "after_header": "/run/v/toolkit-ready",
+                "before": "absent\n",
+                "after": "present\n",
+            },
+            {
+                "before_header": "/run/v/cuda-ready",
+                "after_header": "/run/v/cuda-ready",
+                "before": "present\n",
+                "after": "absent\n",
+            },
+        ],
+        "invocation": {"module_args": {"files": [{"path": "/run/v/toolkit-ready"}]}},
+    }
+    collector(_ok("Markers", "gpufleet.nvidia.files", markers))
+    diff, created, prediction, install, both = collector.hosts["a"].changes
+    assert [line for line in both.diff.splitlines() if line.startswith("---")] == [
+        "--- /run/v/toolkit-ready (now)",
+        "--- /run/v/cuda-ready (now)",
+    ]
     assert created.diff.splitlines()[0] == "--- /etc/apt/preferences.d/new.pref (now)"
     assert diff.diff.splitlines()[:2] == [
         "--- /etc/apt/preferences.d/gpufleet-nvidia-driver.pref (now)",
