@@ -45,13 +45,16 @@ def node() -> Iterator[str]:
         _podman("rm", "-f", NODE, check=False)
 
 
-def _play(tmp_path: Path, tasks_from: str) -> dict:
-    """Run one task file of the role on the node; the JSON report of the run."""
+def _play(tmp_path: Path, *tasks_from: str) -> dict:
+    """Run task files of the role on the node, in order; the JSON report of the run."""
     playbook = tmp_path / "play.yml"
     playbook.write_text(
         "- hosts: all\n  gather_facts: false\n  tasks:\n"
-        "    - ansible.builtin.include_role:\n"
-        f"        name: device_plugin\n        tasks_from: {tasks_from}\n"
+        + "".join(
+            "    - ansible.builtin.include_role:\n"
+            f"        name: device_plugin\n        tasks_from: {name}\n"
+            for name in tasks_from
+        )
     )
     run = subprocess.run(
         [
@@ -90,9 +93,10 @@ def test_mps_shared_memory_is_mounted_kept_and_removed(node: str, tmp_path: Path
 
     assert _play(tmp_path, "mps.yml")["changed"] == 0, "a second run changes nothing"
 
-    assert _play(tmp_path, "mps-off.yml")["changed"] > 0
+    # As main.yml does: look.yml reads what is there, mps-off.yml acts on it.
+    assert _play(tmp_path, "look.yml", "mps-off.yml")["changed"] > 0
     assert _mount_options(node) == ""
     unit = "/etc/systemd/system/run-nvidia-mps-shm.mount"
     gone = _podman("exec", node, "test", "-e", unit, check=False)
     assert gone.returncode != 0
-    assert _play(tmp_path, "mps-off.yml")["changed"] == 0
+    assert _play(tmp_path, "look.yml", "mps-off.yml")["changed"] == 0
