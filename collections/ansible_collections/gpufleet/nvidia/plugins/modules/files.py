@@ -35,8 +35,9 @@ options:
         required: true
       state:
         description:
-          - V(file) writes O(files[].content); V(directory) makes a directory; V(absent)
-            removes a file or a link (not a directory).
+          - V(file) writes O(files[].content) (a link at the path is replaced by the file,
+            not followed); V(directory) makes a directory; V(absent) removes a file or a
+            link (not a directory).
         type: str
         choices: [file, directory, absent]
         default: file
@@ -136,7 +137,8 @@ def read(path):
 
 
 def plan(entry):
-    """What bringing one entry to its state takes: (diff or None, action or None)."""
+    """What bringing one entry to its state takes: None where it is so already, else
+    (diff, action); a ValueError where it cannot be done."""
     path, state, mode = entry["path"], entry["state"], entry["mode"]
     if state == "absent":
         if os.path.isdir(path) and not os.path.islink(path):
