@@ -39,6 +39,17 @@ def test_policy_lists_each_package_with_its_versions_and_priorities(policy):
     ]
 
 
+def test_only_installed_packages_are_removed_not_those_apt_lacks_or_does_not_know(policy):
+    # (apt-cache policy prints nothing for a name no source knows; apt-get refuses
+    # to remove such a name, so it is passed over)
+    not_installed = apt_set.parse_policy(
+        "nvidia-open-kernel-dkms:\n  Installed: (none)\n  Candidate: 535.261.03-1\n"
+    )
+    both = {**policy, **not_installed}
+    names = ["nvidia-fabricmanager-535", "nvidia-open-kernel-dkms", "nvidia-fabricmanager-550"]
+    assert apt_set.installed(both, names) == ["nvidia-fabricmanager-535"]
+
+
 @pytest.mark.parametrize(
     ("version", "upstream"),
     [

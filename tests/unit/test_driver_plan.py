@@ -48,6 +48,24 @@ def test_debian12_distro_proprietary_pinned_and_held():
     assert plan["fabricmanager"] == []
 
 
+@pytest.mark.parametrize(
+    ("os_id", "version_id", "source"),
+    [("debian", "12", "distro"), ("debian", "12", "cuda-repo"), ("ubuntu", "22.04", "distro")],
+)
+def test_apt_nodes_without_nvswitches_remove_a_fabric_manager_in_the_driver_transaction(
+    os_id, version_id, source
+):
+    plain = driver_plan(
+        facts(os_id, version_id), branch="535", cuda_repo_base_url=CUDA, source=source
+    )
+    assert "nvidia-fabricmanager-535" in plain["remove"]
+    hgx = driver_plan(
+        facts(os_id, version_id, nvswitches=4), branch="535", cuda_repo_base_url=CUDA, source=source
+    )
+    assert hgx["fabricmanager"] == ["nvidia-fabricmanager-535"]
+    assert not any(name.startswith("nvidia-fabricmanager") for name in hgx["remove"])
+
+
 def test_debian12_hgx_gets_fabric_manager_from_the_cuda_repo():
     plan = driver_plan(
         facts("debian", "12", nvswitches=4),

@@ -14,6 +14,8 @@ import time
 from helpers import BLACKLIST, HELD, PROJECT, READY, converge, held, stage_of, version
 
 testinfra_hosts = ["podman://gpufleet-drv-t4"]
+# The stand-in of NVIDIA's CUDA repository (GPUFLEET_REPO, mounted on the node).
+STANDIN_CUDA = "/srv/gpufleet-repo/cuda/repos/debian12/x86_64"
 
 
 def test_pinned_version_is_installed_and_held(host):
@@ -43,8 +45,13 @@ def test_node_waits_for_a_reboot_then_loads_the_driver(host):
 
 
 def test_version_change_is_disruptive_and_done_in_place(host):
-    """Move the (now loaded) driver to Debian's newer 535 build without a reboot."""
+    """Move the (now loaded) driver to Debian's newer 535 build without a reboot; a
+    fabric manager someone installed here (a node without NVSwitches) leaves in the
+    same transaction."""
     name = host.backend.get_hostname()
+    # (from the package file: no source of this node offers it)
+    host.run_expect([0], f"dpkg -i {STANDIN_CUDA}/nvidia-fabricmanager-535_535.261.03-1_amd64.deb")
+    assert host.package("nvidia-fabricmanager-535").is_installed
     # Check mode first: it predicts the replacement (the reconciler's plan relies on
     # it to roll the change out) and touches nothing.
     plan = converge(["--limit", name, "--check", "-e", "driver_version=535.309.01"])
@@ -66,6 +73,7 @@ def test_version_change_is_disruptive_and_done_in_place(host):
     out = host.check_output("nvidia-smi --query-gpu=driver_version --format=csv,noheader")
     assert out == "535.309.01"
     assert version(host, "nvidia-kernel-dkms").startswith("535.309.01-")
+    assert not host.package("nvidia-fabricmanager-535").is_installed
     assert host.service("nvidia-persistenced").is_running
     assert host.file(READY).exists
 

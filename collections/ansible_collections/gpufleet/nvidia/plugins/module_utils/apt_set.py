@@ -53,6 +53,12 @@ def parse_policy(text):
     return result
 
 
+def installed(policy, names):
+    """The packages of `names` installed now (their policy names an installed version):
+    those a transaction removes. apt refuses a removal of a name it does not know."""
+    return [name for name in names if (policy.get(name) or {}).get("installed")]
+
+
 def upstream(version):
     """The upstream part of a Debian version: no epoch, no revision."""
     version = re.sub(r"^[0-9]+:", "", version)

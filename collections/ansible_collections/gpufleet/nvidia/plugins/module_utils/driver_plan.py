@@ -536,6 +536,10 @@ def plan(
     if result["family"] in ("debian", "ubuntu"):
         result["apt_pin"] = _apt_pin(version)
         result.setdefault("cuda_repo_pin", None)
+        if not fabricmanager:
+            # A node without NVSwitches has no use for the fabric manager: one found
+            # there leaves in the driver's own transaction (where it is installed).
+            result["remove"] = [*result["remove"], *_fm_deb(branch, version)]
     result["module_type"] = module_type
     result["branch"] = branch
     result["version"] = version or None

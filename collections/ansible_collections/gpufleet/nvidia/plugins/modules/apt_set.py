@@ -45,7 +45,9 @@ options:
     type: str
     default: ""
   remove:
-    description: Packages removed in the same transaction (where installed).
+    description:
+      - Packages removed in the same transaction where they are installed; a name
+        that is not installed, or that no package source knows, is passed over.
     type: list
     elements: str
     default: []
@@ -247,7 +249,8 @@ def _arguments(module, options):
     params = module.params
     names = list(dict.fromkeys(params["install"]))
     bare = [name.split("=", 1)[0] for name in names]
-    rc, out, err = module.run_command(["apt-cache", *options, "policy", *bare])
+    remove = params["remove"]
+    rc, out, err = module.run_command(["apt-cache", *options, "policy", *bare, *remove])
     if rc != 0:
         module.fail_json(msg=f"apt-cache policy failed: {err.strip()}")
     policy = apt_set.parse_policy(out)
@@ -256,7 +259,7 @@ def _arguments(module, options):
         arguments = apt_set.specs(policy, names, params["same_version"], version)
     except apt_set.AptSetError as exc:
         module.fail_json(msg=str(exc), version=params["version"])
-    return version, arguments + [f"{name}-" for name in params["remove"]]
+    return version, arguments + [f"{name}-" for name in apt_set.installed(policy, remove)]
 
 
 def _held(module):
