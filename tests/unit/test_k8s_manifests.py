@@ -177,6 +177,18 @@ def test_every_manifest_is_valid_for_each_supported_kubernetes(fleet, version):
     assert checked >= 10
 
 
+def test_rendered_files_are_numbered_in_apply_order_each_headed_and_read_back_whole():
+    objects = build("plain")["objects"]
+    entries = k8s.k8s_render_files(objects, "/srv/manifests", "# Rendered here")
+    assert [e["path"] for e in entries][:1] == ["/srv/manifests/00-namespace-gpufleet.yaml"]
+    assert {e["mode"] for e in entries} == {"0644"}
+    for entry, obj, named in zip(entries, objects, k8s.k8s_files(objects), strict=True):
+        assert entry["path"] == f"/srv/manifests/{named['name']}"
+        first, rest = entry["content"].split("\n", 1)
+        assert first == "# Rendered here"
+        assert rest == k8s.k8s_to_yaml(obj)
+
+
 def test_gpufleets_monitoring_is_applied_only_where_the_site_asks_and_made_for_it():
     assert {o["kind"] for o in build("plain")["objects"]}.isdisjoint({"PrometheusRule"})
     objects = build(

@@ -367,6 +367,19 @@ def k8s_files(objects):
     ]
 
 
+def k8s_render_files(objects, directory, header):
+    """The entries of gpufleet.nvidia.files that write each object to its file of
+    k8s_files in `directory`: `header` on the first line, then the object's YAML."""
+    return [
+        {
+            "path": os.path.join(directory, entry["name"]),
+            "content": f"{header}\n{k8s_to_yaml(entry['object'])}",
+            "mode": "0644",
+        }
+        for entry in k8s_files(objects)
+    ]
+
+
 def k8s_unwanted(resources, objects, kind):
     """Those of `resources` (listed from the cluster, of one kind) not among `objects`."""
 
@@ -422,6 +435,7 @@ class FilterModule:
             "k8s_manifests": k8s_manifests,
             "k8s_node_labels": k8s_node_labels,
             "k8s_files": k8s_files,
+            "k8s_render_files": k8s_render_files,
             "device_plugin_config": device_plugin_config,
             "device_plugin_config_file": device_plugin_config_file,
             "k8s_to_yaml": k8s_to_yaml,
