@@ -16,12 +16,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from conftest import efi_signature_list, make_certificate, run_ansible
 
 PLAYBOOK = """
 - name: One node role against a fixture node
-  hosts: localhost
+  hosts: {hosts}
   connection: local
   gather_facts: false
   pre_tasks:
@@ -46,16 +47,12 @@ def _gpu(root: Path, address: str, device: str) -> None:
         (path / name).write_text(value + "\n")
 
 
-def run_role(
-    tmp_path: Path,
-    role: str,
-    device: str,
-    secure_boot: bool = False,
-    enrolled: bytes = b"",
-    **variables: object,
-):
-    """`enrolled`: the DER certificate in shim's Machine Owner Key list, if any."""
-    sysfs = tmp_path / "sys"
+def _fixture_node(
+    root: Path, device: str, secure_boot: bool = False, enrolled: bytes = b""
+) -> Path:
+    """A sysfs tree under `root` with one GPU of PCI `device`, and Secure Boot on or off;
+    `enrolled`: the DER certificate in shim's Machine Owner Key list, if any."""
+    sysfs = root / "sys"
     _gpu(sysfs, "0000:18:00.0", device)
     efivars = sysfs / "firmware" / "efi" / "efivars"
     efivars.mkdir(parents=True)
@@ -66,8 +63,21 @@ def run_role(
         (efivars / "MokListRT-605dab50-e046-4300-abb6-3dd810dd8b23").write_bytes(
             b"\x06\x00\x00\x00" + efi_signature_list([enrolled])
         )
+    return sysfs
+
+
+def run_role(
+    tmp_path: Path,
+    role: str,
+    device: str,
+    secure_boot: bool = False,
+    enrolled: bytes = b"",
+    **variables: object,
+):
+    """`role` on this machine, seen as a node with one GPU of PCI `device`."""
+    sysfs = _fixture_node(tmp_path, device, secure_boot, enrolled)
     playbook = tmp_path / "play.yml"
-    playbook.write_text(PLAYBOOK.format(role=role))
+    playbook.write_text(PLAYBOOK.format(role=role, hosts="localhost"))
     extra = {
         "gpufleet_sysfs_root": str(sysfs),
         "ansible_python_interpreter": sys.executable,
@@ -80,40 +90,71 @@ def run_role(
     )
 
 
+def run_role_cases(tmp_path: Path, role: str, cases: dict[str, tuple[str, dict]]):
+    """`role` in one ansible-playbook run (check mode) over one inventory host per case,
+    each this machine seen as a node with one GPU: name -> (PCI device, its variables,
+    as host variables). The cases fail or pass each on its own host."""
+    hosts = {
+        name: {
+            "ansible_connection": "local",
+            "ansible_python_interpreter": sys.executable,
+            "gpufleet_sysfs_root": str(_fixture_node(tmp_path / name, device)),
+            **variables,
+        }
+        for name, (device, variables) in cases.items()
+    }
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
+    playbook = tmp_path / "play.yml"
+    playbook.write_text(PLAYBOOK.format(role=role, hosts="all"))
+    return run_ansible("ansible-playbook", "--check", "-i", str(inventory), str(playbook))
+
+
 def run_driver_role(tmp_path: Path, device: str, secure_boot: bool = False, **variables: object):
     return run_role(tmp_path, "driver", device, secure_boot, **variables)
 
 
-def failure(report) -> str:
+def failure(report, host: str = "localhost") -> str:
+    """The name and message of the task that failed on `host`."""
     for play in report["plays"]:
         for task in play["tasks"]:
-            outcome = task["hosts"].get("localhost", {})
+            outcome = task["hosts"].get(host, {})
             if outcome.get("failed"):
                 return task["task"]["name"] + ": " + outcome.get("msg", "")
-    raise AssertionError("nothing failed")
+    raise AssertionError(f"nothing failed on {host}")
 
 
-@pytest.mark.parametrize(
-    ("device", "variables", "message"),
-    [
-        ("0x2330", {"driver_source": "ppa"}, "driver_source"),
-        ("0x2330", {"driver_hold_packages": "sometimes"}, "driver_hold_packages"),
-        ("0x2330", {"driver_reboot_policy": "always"}, "driver_reboot_policy"),
-        ("0x2330", {"driver_branch": "53x"}, "driver_branch: expected a three-digit"),
-        (
-            "0x2330",
-            {"driver_version": "535.261.03", "driver_branch": "550", "driver_source": "cuda-repo"},
-            "is not of driver_branch 550",
-        ),
-        # A V100 (Volta) cannot run the open kernel modules.
-        ("0x1db4", {"driver_kernel_module_type": "open"}, "driver_kernel_module_type: open"),
-    ],
-)
-def test_bad_settings_fail_before_any_change(tmp_path, device, variables, message):
-    rc, report = run_driver_role(tmp_path, device, **variables)
-    assert rc != 0
-    assert message in failure(report)
-    assert report["stats"]["localhost"]["changed"] == 0
+BAD_SETTINGS = [
+    ("0x2330", {"driver_source": "ppa"}, "driver_source"),
+    ("0x2330", {"driver_hold_packages": "sometimes"}, "driver_hold_packages"),
+    ("0x2330", {"driver_reboot_policy": "always"}, "driver_reboot_policy"),
+    ("0x2330", {"driver_branch": "53x"}, "driver_branch: expected a three-digit"),
+    (
+        "0x2330",
+        {"driver_version": "535.261.03", "driver_branch": "550", "driver_source": "cuda-repo"},
+        "is not of driver_branch 550",
+    ),
+    # A V100 (Volta) cannot run the open kernel modules.
+    ("0x1db4", {"driver_kernel_module_type": "open"}, "driver_kernel_module_type: open"),
+]
+
+
+@pytest.fixture(scope="module")
+def bad_settings_run(tmp_path_factory):
+    """The driver role run once over every case of BAD_SETTINGS, one host each."""
+    cases = {
+        f"case-{i}": (device, variables) for i, (device, variables, _) in enumerate(BAD_SETTINGS)
+    }
+    return run_role_cases(tmp_path_factory.mktemp("driver"), "driver", cases)
+
+
+@pytest.mark.parametrize("case", range(len(BAD_SETTINGS)), ids=lambda i: BAD_SETTINGS[i][2])
+def test_bad_settings_fail_before_any_change(bad_settings_run, case):
+    _rc, report = bad_settings_run
+    host = f"case-{case}"
+    assert BAD_SETTINGS[case][2] in failure(report, host)
+    assert report["stats"][host]["failures"] == 1
+    assert report["stats"][host]["changed"] == 0
 
 
 def test_secure_boot_without_signed_modules_fails_with_the_way_forward(tmp_path):
