@@ -180,7 +180,7 @@ def test_every_manifest_is_valid_for_each_supported_kubernetes(fleet, version):
 def test_rendered_files_are_numbered_in_apply_order_each_headed_and_read_back_whole():
     objects = build("plain")["objects"]
     entries = k8s.k8s_render_files(objects, "/srv/manifests", "# Rendered here")
-    assert [e["path"] for e in entries][:1] == ["/srv/manifests/00-namespace-gpufleet.yaml"]
+    assert entries[0]["path"] == "/srv/manifests/00-namespace-gpufleet.yaml"
     assert {e["mode"] for e in entries} == {"0644"}
     for entry, obj, named in zip(entries, objects, k8s.k8s_files(objects), strict=True):
         assert entry["path"] == f"/srv/manifests/{named['name']}"
