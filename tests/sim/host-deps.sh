@@ -22,11 +22,13 @@ for cmd in "${!wanted[@]}"; do
     missing+=("${wanted[$cmd]}")
   fi
 done
-if ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
+# The interpreter the controller's virtualenv is made with (the Makefile's PYTHON).
+python=${PYTHON:-python3}
+if ! "$python" -c 'import ensurepip, venv' >/dev/null 2>&1; then
   missing+=(python3-venv)
 fi
-if ! python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
-  echo "host-deps: Python 3.11 or newer is needed (ansible-core 2.19); found $(python3 -V)" >&2
+if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+  echo "host-deps: Python 3.11 or newer is needed (ansible-core 2.19); found $("$python" -V)" >&2
   exit 1
 fi
 
