@@ -5,13 +5,13 @@ SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 .DEFAULT_GOAL := help
 
-# The controller's Python: the distribution's /usr/bin/python3 where it is 3.11 or newer,
-# else python3 from PATH; PYTHON=... chooses another. Debian's and Ubuntu's builds are
-# optimised (PGO, LTO), a default pyenv build is not, and Ansible's controller spends
-# about a fifth more CPU on it (README, Requirements).
-PYTHON ?= $(shell for p in /usr/bin/python3 python3; do \
-  "$$p" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null \
-  && { echo "$$p"; break; }; done)
+# The controller's Python: the distribution's /usr/bin/python3 where it is 3.11 or newer
+# and can make a virtualenv, else python3 from PATH (host-deps.sh checks that one);
+# PYTHON=... chooses another. Debian's and Ubuntu's builds are optimised (PGO, LTO), a
+# default pyenv build is not, and Ansible's controller spends about a fifth more CPU
+# on it (README, Requirements).
+PYTHON ?= $(shell /usr/bin/python3 -c 'import sys, ensurepip, venv; \
+  sys.exit(sys.version_info < (3, 11))' 2>/dev/null && echo /usr/bin/python3 || echo python3)
 VENV := .venv
 BIN := $(CURDIR)/$(VENV)/bin
 FLEET := $(BIN)/python tests/sim/fleet.py
