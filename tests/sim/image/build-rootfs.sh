@@ -82,6 +82,12 @@ install -D -m 0644 "$kit/systemd/nvidia-mig-manager-kernel-view.conf" \
 # gets NVIDIA's nvidia-smi at /usr/bin: Debian's build of it, kept in the kit.
 echo "deb $mirror $suite non-free" > "$rootfs/etc/apt/sources.list.d/gpusim-non-free.list"
 chroot "$rootfs" apt-get update -q
+# DKMS and the compiler it builds with, as on the provisioned servers of most GPU
+# sites: the driver packages pull them in where they are missing (about 90 packages
+# and 35 s of CPU on every node's first driver install here), and nothing of
+# gpufleet's asks for them itself.
+chroot "$rootfs" env DEBIAN_FRONTEND=noninteractive \
+  apt-get install -y -q --no-install-recommends dkms
 chroot "$rootfs" sh -c 'cd /tmp && apt-get download -q nvidia-smi && dpkg-deb -x nvidia-smi_*.deb /tmp/nvidia-smi-deb'
 install -D -m 0755 "$rootfs/tmp/nvidia-smi-deb/usr/lib/nvidia/current/nvidia-smi" \
   "$rootfs/opt/gpusim/preinstalled/nvidia-smi"

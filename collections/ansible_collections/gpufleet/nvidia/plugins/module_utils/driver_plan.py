@@ -287,15 +287,23 @@ def resolve_module_type(requested, branch, computes):
 # Binary packages built from NVIDIA's driver sources on Debian/Ubuntu and in NVIDIA's
 # repositories: an apt preferences pin on these names makes apt pick the one wanted
 # version for the packages asked for and for their strict (=) dependencies alike.
-DEB_DRIVER_PACKAGE_REGEX = (
-    "/^(nvidia-|libnvidia-|libcuda1|firmware-nvidia-|cuda-drivers|xserver-xorg-video-nvidia)/"
+# Globs, not one /regex/: apt matches a regex pin against every package each time it
+# loads its cache, which cost about 5 s of CPU per apt run on a Debian 12 node (0.5 s
+# without the pin, 0.8 s with these globs, the same priorities for every package).
+DEB_DRIVER_PACKAGE_GLOBS = (
+    "nvidia-*",
+    "libnvidia-*",
+    "libcuda1*",
+    "firmware-nvidia-*",
+    "cuda-drivers*",
+    "xserver-xorg-video-nvidia*",
 )
 
 
 def _apt_pin(version):
     if not version:
         return None
-    return {"packages": DEB_DRIVER_PACKAGE_REGEX, "version": f"{version}-*"}
+    return {"packages": " ".join(DEB_DRIVER_PACKAGE_GLOBS), "version": f"{version}-*"}
 
 
 def _debian(
