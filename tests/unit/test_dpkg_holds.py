@@ -94,3 +94,46 @@ def test_a_package_dpkg_does_not_know_counts_as_a_change_as_with_dpkg_selections
 
 def test_no_packages_is_no_change(admindir):
     assert holds(admindir, [])["changed"] is False
+
+
+def hold_the_lock(admindir: Path, seconds: float) -> subprocess.Popen[str]:
+    """Another program holding dpkg's frontend lock for `seconds`, as apt does; returns
+    once the lock is taken."""
+    holder = subprocess.Popen(
+        [
+            "python3",
+            "-c",
+            "import fcntl, sys, time\n"
+            f"lock = open({str(admindir / 'lock-frontend')!r}, 'w')\n"
+            "fcntl.lockf(lock, fcntl.LOCK_EX)\n"
+            "print('held', flush=True)\n"
+            f"time.sleep({seconds})\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+    return holder
+
+
+def test_a_lock_held_for_a_moment_is_waited_for(admindir):
+    holder = hold_the_lock(admindir, 3)
+    try:
+        result = holds(admindir, ["nvidia-smi"])
+    finally:
+        holder.wait()
+    assert result["changed"] is True, result
+    assert selections(admindir)["nvidia-smi"] == "hold"
+
+
+def test_a_lock_held_past_the_timeout_fails_naming_its_holder_and_changes_nothing(admindir):
+    holder = hold_the_lock(admindir, 30)
+    try:
+        args = {"names": ["nvidia-smi"], "admindir": str(admindir), "lock_timeout": 2}
+        result = run_local_module("gpufleet.nvidia.dpkg_holds", args)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert result.get("failed") is True, result
+    assert f"locked by another process with pid {holder.pid}" in result["msg"], result["msg"]
+    assert selections(admindir)["nvidia-smi"] == "install"

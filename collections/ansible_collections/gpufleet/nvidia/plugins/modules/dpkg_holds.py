@@ -20,6 +20,10 @@ description:
   - A name dpkg does not know (a package not installed yet, as in a check run before
     its install) counts as a change, as with M(ansible.builtin.dpkg_selections); dpkg
     itself ignores it.
+  - While another program holds dpkg's lock (an unattended upgrade, apt's daily run
+    after a boot), the change is tried again each second for up to O(lock_timeout)
+    seconds, as apt waits with C(DPkg::Lock::Timeout); then it fails with dpkg's words,
+    which name the holder's pid.
 options:
   names:
     description: The packages, as dpkg names them (C(name) or C(name:arch)).
@@ -34,6 +38,10 @@ options:
     description: dpkg's database directory (C(dpkg --admindir)).
     type: path
     default: /var/lib/dpkg
+  lock_timeout:
+    description: Seconds to wait for dpkg's lock.
+    type: int
+    default: 60
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
@@ -71,9 +79,14 @@ selections:
   type: dict
 """
 
+import re
+import time
+
 from ansible.module_utils.basic import AnsibleModule
 
 UNKNOWN = "unknown"
+# dpkg's words when another program holds its lock (the frontend lock or the database's).
+LOCKED = re.compile(r"lock (?:was|is) locked by another process|is locked by another process")
 
 
 def parse_selections(output):
@@ -105,6 +118,7 @@ def main():
             "names": {"type": "list", "elements": "str", "required": True},
             "hold": {"type": "bool", "default": True},
             "admindir": {"type": "path", "default": "/var/lib/dpkg"},
+            "lock_timeout": {"type": "int", "default": 60},
         },
         supports_check_mode=True,
     )
@@ -128,7 +142,14 @@ def main():
         result["diff"] = {"before": before, "after": after}
     if changes and not module.check_mode:
         data = "".join(f"{name} {wanted}\n" for name in changes)
-        rc, _out, err = module.run_command([*dpkg, "--set-selections"], data=data, binary_data=True)
+        deadline = time.monotonic() + module.params["lock_timeout"]
+        while True:
+            rc, _out, err = module.run_command(
+                [*dpkg, "--set-selections"], data=data, binary_data=True
+            )
+            if rc == 0 or not LOCKED.search(err) or time.monotonic() >= deadline:
+                break
+            time.sleep(1)
         if rc != 0:
             module.fail_json(msg=f"dpkg --set-selections failed: {err.strip()}", **result)
     module.exit_json(**result)
