@@ -2,28 +2,32 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """A driver rollout across reconcile cycles, on three simulated T4 nodes.
 
-Two nodes get an older driver build, one at a time (max_parallel 1); the third has
-its exporter stopped by hand while the first batch applies. The loop's cycles go on
-while a batch applies in the background, so they repair that drift before the first
-batch ends; the loop is stopped with SIGTERM while it repairs (it finishes the batch
-under way and starts no other), and a restarted reconciler finishes the second batch
-without planning it again.
+Two nodes get an older driver build, one at a time (max_parallel 1), the first of them
+other exporter collectors with it; the third has its exporter stopped by hand while the
+first batch applies. The loop's cycles go on while a batch applies in the background,
+so they repair that drift before the first batch ends; the loop is stopped with SIGTERM
+while it repairs (it finishes the batch under way and starts no other), and a restarted
+reconciler finishes the second batch without planning it again.
 """
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
+import urllib.request
 from collections.abc import Iterator
 
 import pytest
 
-from test_runner_e2e import FLEET, Fleet, cli_data, start_fleet
+from test_runner_e2e import FLEET, Fleet, cli_data, free_port, start_fleet
 
 ROLLED = ["ro-1", "ro-2"]
 OTHER = "ro-3"
 OLDER = "535.261.03"  # Debian's older build; the nodes onboard with 535.309.01
 CONTAINER_STAGES = ("toolkit", "runtime_config", "validator", "device_plugin")
+COLLECTORS = "DCGM_FI_DEV_GPU_UTIL, gauge, GPU utilization (in %)."
+COLLECTORS_FILE = "/etc/dcgm-exporter/gpufleet-collectors.csv"
 
 pytestmark = pytest.mark.fleet
 
@@ -82,9 +86,22 @@ def test_drift_is_repaired_while_a_batch_applies_and_sigterm_stops_after_a_batch
     (fleet.inventory / "host_vars").mkdir()
     for host in ROLLED:
         (fleet.inventory / "host_vars" / f"{host}.yml").write_text(f'driver_version: "{OLDER}"\n')
-    proc = fleet.spawn("reconcile", "--interval", "10", "--metrics-port", "0")
+    # ro-1's exporter changes with its driver: a change that alone would not disrupt
+    # goes in the same batch.
+    with (fleet.inventory / "host_vars" / "ro-1.yml").open("a") as host_vars:
+        host_vars.write(f"exporter_collectors: |\n  {COLLECTORS}\n")
+    port = free_port()
+    proc = fleet.spawn("reconcile", "--interval", "10", "--metrics-port", str(port))
     seen: list[str] = []
     _wait_for(proc, "rolling out to ro-1", seen)
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        metrics = response.read().decode()
+    # The cycle under way is counted already: three hosts probed, the two changed
+    # planned (and the third too where its full check came due).
+    counted = dict(
+        re.findall(r'^gpufleet_reconcile_hosts_total\{phase="(\w+)"\} (\S+)$', metrics, re.M)
+    )
+    assert counted["probe"] == "3.0" and counted["plan"] in ("2.0", "3.0"), metrics
     stopped = fleet.on_node(OTHER, "systemctl", "stop", "dcgm-exporter.service")
     assert stopped.returncode == 0, stopped.stderr
     _wait_for(proc, f"applying to 1 host(s): {OTHER}", seen)
@@ -94,12 +111,19 @@ def test_drift_is_repaired_while_a_batch_applies_and_sigterm_stops_after_a_batch
     out, err = proc.communicate(timeout=900)
     log = "".join(seen) + err
     assert proc.returncode == 130, out + log
+    assert "SIGTERM: finishing the current batch, then stopping" in log, log
+    assert "ro-1: rolled-out; changed as desired driver, exporter" in out, out
     assert [_driver(fleet, h) for h in ROLLED] == [OLDER, "535.309.01"]
+    collectors = fleet.on_node("ro-1", "cat", COLLECTORS_FILE)
+    assert collectors.stdout.strip() == COLLECTORS
+    changed = {e["component"] for e in _events(fleet, "ro-1", "intentional")}
+    assert {"driver", "exporter"} <= changed, fleet.history("ro-1")
     status = fleet.status()
     assert [status[h]["rollout_phase"] for h in ROLLED] == [None, "queued"]
     repaired = [e for e in _events(fleet, OTHER, "corrective") if e["component"] == "exporter"]
-    assert repaired, fleet.history(OTHER)
+    assert repaired, (fleet.history(OTHER), out)
     first = {e["component"]: e["at"] for e in _events(fleet, "ro-1", "rollout")}
+    assert list(first) == ["queued", "applying", "applied", "done"], first
     assert first["applying"] < repaired[0]["at"] < first["done"], (
         "the drift was repaired while the first batch applied"
     )

@@ -589,61 +589,6 @@ def test_a_lost_state_database_is_relearnt_from_the_nodes_records_without_a_chan
     assert result.stdout.startswith("cycle: 2 probed, 0 planned, 0 applied"), result.stdout
 
 
-def test_changed_variables_roll_out_as_intentional_and_sigterm_ends_after_the_batch(
-    fleet: Fleet,
-):
-    """The T4's driver pinned back to Debian's older 535 build and its exporter given
-    other collectors: the plan finds the driver change disruptive, so the node goes
-    through the rollout phases; SIGTERM during its batch lets the batch finish."""
-    cpu_before = fleet.history("e2e-cpu")
-    (fleet.inventory / "host_vars").mkdir(exist_ok=True)
-    (fleet.inventory / "host_vars" / "e2e-t4.yml").write_text(
-        'driver_version: "535.261.03"\n'
-        "exporter_collectors: |\n  DCGM_FI_DEV_GPU_UTIL, gauge, GPU utilization (in %).\n"
-    )
-    assert _loaded(fleet) == "535.309.01"
-    port = free_port()
-    proc = fleet.spawn(
-        "reconcile", "--backoff-base", "3000", "--interval", "600", "--metrics-port", str(port)
-    )
-    assert proc.stderr is not None
-    for line in proc.stderr:
-        if "rolling out to e2e-t4" in line:
-            break
-    proc.send_signal(signal.SIGTERM)
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        metrics = response.read().decode()
-    # The cycle so far is counted already: two hosts probed, one planned.
-    assert 'gpufleet_reconcile_hosts_total{phase="probe"} 2.0' in metrics
-    assert 'gpufleet_reconcile_hosts_total{phase="plan"} 1.0' in metrics
-    assert 'gpufleet_host_status{host="e2e-gone",status="unreachable"} 1.0' in metrics
-    out, err = proc.communicate(timeout=600)
-    assert proc.returncode == 130, out + err
-    assert "finishing the current batch" in err
-    assert "e2e-t4: rolled-out; because desired state changed; changed as desired" in out
-    assert _loaded(fleet) == "535.261.03"
-    collectors = fleet.on_node("e2e-t4", "cat", "/etc/dcgm-exporter/gpufleet-collectors.csv")
-    assert collectors.stdout.strip() == "DCGM_FI_DEV_GPU_UTIL, gauge, GPU utilization (in %)."
-    history = fleet.history("e2e-t4")
-    changed = {e["component"] for e in history if e["kind"] == "intentional"}
-    assert {"driver", "exporter"} <= changed
-    phases = [e["component"] for e in history if e["kind"] == "rollout"]
-    assert phases == ["queued", "applying", "applied", "done"]
-    assert fleet.history("e2e-cpu") == cpu_before, "the other node was not touched"
-    # The state the stopped reconciler left is whole: the next cycle only probes.
-    result = fleet.reconcile("--once")
-    assert result.stdout.startswith("cycle: 2 probed, 0 planned, 0 applied"), result.stdout
-    status = fleet.status()["e2e-t4"]
-    assert (status["status"], status["rollout_phase"]) == ("converged", None)
-
-
-def _loaded(fleet: Fleet) -> str:
-    query = fleet.on_node(
-        "e2e-t4", "nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"
-    )
-    return query.stdout.strip()
-
-
 def test_second_reconciler_is_refused_while_one_runs(fleet: Fleet):
     first = fleet.spawn(
         "reconcile", "--backoff-base", "3000", "--interval", "600", "--metrics-port", "0"
