@@ -96,12 +96,12 @@ def test_drift_is_repaired_while_a_batch_applies_and_sigterm_stops_after_a_batch
     _wait_for(proc, "rolling out to ro-1", seen)
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
         metrics = response.read().decode()
-    # The cycle under way is counted already: three hosts probed, the two changed
-    # planned (and the third too where its full check came due).
+    # The cycle under way is counted already: the three hosts probed, and planned at
+    # least the two whose driver changes.
     counted = dict(
         re.findall(r'^gpufleet_reconcile_hosts_total\{phase="(\w+)"\} (\S+)$', metrics, re.M)
     )
-    assert counted["probe"] == "3.0" and counted["plan"] in ("2.0", "3.0"), metrics
+    assert counted["probe"] == "3.0" and float(counted["plan"]) >= 2, metrics
     stopped = fleet.on_node(OTHER, "systemctl", "stop", "dcgm-exporter.service")
     assert stopped.returncode == 0, stopped.stderr
     _wait_for(proc, f"applying to 1 host(s): {OTHER}", seen)
