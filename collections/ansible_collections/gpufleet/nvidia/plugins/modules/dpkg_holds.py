@@ -20,8 +20,8 @@ description:
   - A name dpkg does not know (a package not installed yet, as in a check run before
     its install) counts as a change, as with M(ansible.builtin.dpkg_selections); dpkg
     itself ignores it.
-  - While another program holds dpkg's lock (an unattended upgrade, apt's daily run
-    after a boot), the change is tried again each second for up to O(lock_timeout)
+  - While another program holds dpkg's lock (an unattended upgrade, an
+    administrator's apt), the change is tried again each second for up to O(lock_timeout)
     seconds, as apt waits with C(DPkg::Lock::Timeout); then it fails with dpkg's words,
     which name the holder's pid.
 options:
@@ -80,13 +80,14 @@ selections:
 """
 
 import re
+import tempfile
 import time
 
 from ansible.module_utils.basic import AnsibleModule
 
 UNKNOWN = "unknown"
 # dpkg's words when another program holds its lock (the frontend lock or the database's).
-LOCKED = re.compile(r"lock (?:was|is) locked by another process|is locked by another process")
+LOCKED = re.compile(r"(?:was|is) locked by another process")
 
 
 def parse_selections(output):
@@ -110,6 +111,24 @@ def to_change(names, selections, wanted):
         if selections.get(name, UNKNOWN) != wanted and name not in changes:
             changes.append(name)
     return changes
+
+
+def set_selections(module, dpkg, data):
+    """Run `dpkg --set-selections` with `data`, again each second while another program
+    holds dpkg's lock, up to lock_timeout; returns (rc, stderr). The selections come
+    from a file: dpkg, refused its lock, exits before reading, and a pipe written to
+    then would break, losing dpkg's words (which name the holder)."""
+    deadline = time.monotonic() + module.params["lock_timeout"]
+    with tempfile.NamedTemporaryFile("w", prefix="gpufleet-selections-") as selections:
+        selections.write(data)
+        selections.flush()
+        # sh only redirects: the file is $0, dpkg and its arguments "$@".
+        argv = ["sh", "-c", 'exec "$@" < "$0"', selections.name, *dpkg, "--set-selections"]
+        while True:
+            rc, _out, err = module.run_command(argv)
+            if rc == 0 or not LOCKED.search(err) or time.monotonic() >= deadline:
+                return rc, err
+            time.sleep(1)
 
 
 def main():
@@ -142,14 +161,7 @@ def main():
         result["diff"] = {"before": before, "after": after}
     if changes and not module.check_mode:
         data = "".join(f"{name} {wanted}\n" for name in changes)
-        deadline = time.monotonic() + module.params["lock_timeout"]
-        while True:
-            rc, _out, err = module.run_command(
-                [*dpkg, "--set-selections"], data=data, binary_data=True
-            )
-            if rc == 0 or not LOCKED.search(err) or time.monotonic() >= deadline:
-                break
-            time.sleep(1)
+        rc, err = set_selections(module, dpkg, data)
         if rc != 0:
             module.fail_json(msg=f"dpkg --set-selections failed: {err.strip()}", **result)
     module.exit_json(**result)
