@@ -124,7 +124,12 @@ class Engine(Protocol):
         """Run site.yml on `hosts`; with `cluster`, its cluster side too (once)."""
         ...
 
-    def node_action(self, action: str, hosts: Sequence[str]) -> RunResult: ...
+    def node_action(
+        self, action: str, hosts: Sequence[str], health: Mapping[str, str | None] | None = None
+    ) -> RunResult:
+        """Cordon, drain or uncordon the hosts' Kubernetes nodes (playbooks/rollout.yml);
+        `health` sets (host -> what its GPUs ask) or removes (None) their GPU health label."""
+        ...
 
     def slurm_action(self, action: str, hosts: Sequence[str], reason: str = "") -> RunResult:
         """Drain (with `reason`), list the jobs of, or resume the hosts' nodes in Slurm
@@ -391,12 +396,17 @@ class AnsibleEngine:
         other.work_dir = self.work_dir / "beside"
         return other
 
-    def node_action(self, action: str, hosts: Sequence[str]) -> RunResult:
+    def node_action(
+        self, action: str, hosts: Sequence[str], health: Mapping[str, str | None] | None = None
+    ) -> RunResult:
         collector = self._run(
             action,
             "playbooks/rollout.yml",
             hosts,
-            extravars={"gpufleet_rollout_action": action},
+            extravars={
+                "gpufleet_rollout_action": action,
+                "gpufleet_gpu_health": dict(health or {}),
+            },
         )
         return collected(collector, hosts)
 

@@ -8,9 +8,9 @@ of service (cordoned, drained) until an operator releases it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
-from runner import decide
+from runner import decide, remedy
 from runner.cycle import Context, Cycle
 from runner.decide import SlurmNext
 from runner.rollout import RolloutPhase, slurm_drain
@@ -37,7 +37,9 @@ def kubernetes(ctx: Context, work: Cycle, nodes: Sequence[str]) -> bool:
         todo = [h for h in nodes if records[h].rollout_phase in before]
         if not todo:
             continue
-        result = ctx.engine.node_action(action, todo)
+        # A node taken out for its GPUs is labelled with what they ask, as it is cordoned.
+        asked = {h: r.action for h in todo if action == "cordon" and (r := remedy.owes(records[h]))}
+        result = ctx.engine.node_action(action, todo, asked)
         for host in todo:
             run = result.hosts[host]
             failure = "; ".join(run.failures)
@@ -56,6 +58,18 @@ def kubernetes(ctx: Context, work: Cycle, nodes: Sequence[str]) -> bool:
                 records[host].keep_cordoned = True
             ctx.writer.phase(records[host], after, f"{action}ed")
     return True
+
+
+def relabel(ctx: Context, work: Cycle, nodes: Sequence[str], health: str | None) -> None:
+    """Give cordoned Kubernetes nodes a new GPU health label, or (None) remove it
+    (cordoning a node cordoned already changes nothing else); a failure is said."""
+    if not nodes:
+        return
+    result = ctx.engine.node_action("cordon", nodes, dict.fromkeys(nodes, health))
+    for host in nodes:
+        if not result.hosts[host].succeeded:
+            failure = "; ".join(result.hosts[host].failures)
+            work.report.say(host, f"setting its GPU health label to {health} failed: {failure}")
 
 
 def slurm(ctx: Context, work: Cycle, batch: Sequence[str], reason: str) -> bool:
@@ -114,9 +128,12 @@ def back_in_service(
     records: Mapping[str, HostRecord],
     applied: list[str],
     nodes: Sequence[str],
+    remedied: Collection[str] = (),
 ) -> None:
     """Resume in Slurm the hosts gpufleet drained, uncordon the Kubernetes nodes it
-    cordoned; a host whose step fails halts and is taken out of `applied`."""
+    cordoned, their GPU health label removed (also from `remedied` nodes that stay
+    cordoned for someone else); a host whose resume or uncordon fails halts and is
+    taken out of `applied`."""
     resume = [h for h in applied if records[h].slurm_drained == SlurmDrain.GPUFLEET]
     if resume:
         resumed = ctx.engine.slurm_action("resume", resume)
@@ -127,10 +144,12 @@ def back_in_service(
                 failure = "; ".join(resumed.hosts[host].failures)
                 halt(ctx, work, records[host], f"Slurm resume failed: {failure}")
                 applied.remove(host)
-    uncordon = [h for h in applied if h in nodes and not records[h].keep_cordoned]
+    back = [h for h in applied if h in nodes]
+    uncordon = [h for h in back if not records[h].keep_cordoned]
     if uncordon:
-        uncordoned = ctx.engine.node_action("uncordon", uncordon)
+        uncordoned = ctx.engine.node_action("uncordon", uncordon, dict.fromkeys(uncordon))
         for host in uncordon:
             if not uncordoned.hosts[host].succeeded:
                 halt(ctx, work, records[host], "uncordon failed")
                 applied.remove(host)
+    relabel(ctx, work, [h for h in back if records[h].keep_cordoned and h in remedied], None)

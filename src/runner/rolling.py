@@ -178,19 +178,21 @@ def _finish_batch(ctx: Context, work: Cycle, batch: Batch, rollout: RolloutRecor
     ctx.observe.hosts_acted("apply", len(batch.hosts))
     if batch.cluster:
         cluster_side.applied(ctx, work, result.cluster, batch.hosts)
-    done = []
+    done, quarantined = [], []
     for host in batch.hosts:
         record, run = records[host], result.hosts[host]
         take_applied(ctx, work, record, run, batch.desired[host])
         work.report.outcomes[host].action = Action.ROLLED_OUT
         if run.succeeded and host in batch.remedies and not remedy.held(ctx, work, record, run):
-            continue  # quarantined: it stays out of service
+            quarantined.append(host)  # it stays out of service
+            continue
         if run.succeeded:
             ctx.writer.phase(record, RolloutPhase.APPLIED, "change applied and validated")
             done.append(host)
         else:
             out_of_service.halt(ctx, work, record, record.reason)
-    out_of_service.back_in_service(ctx, work, records, done, batch.nodes)
+    out_of_service.relabel(ctx, work, [h for h in quarantined if h in batch.nodes], "replace")
+    out_of_service.back_in_service(ctx, work, records, done, batch.nodes, batch.remedies)
     for host in done:
         _done(ctx, records[host])
     rollout.done.extend(done)

@@ -252,10 +252,14 @@ def _leave_rollout(ctx: Context, work: Cycle, record: HostRecord) -> None:
             else f"resuming it in Slurm failed: {'; '.join(resumed.failures)}"
         )
     # (a node cordoned before its rollout began is left so; uncordoning one that is not
-    # cordoned changes nothing)
-    if decide.truthy(work.hostvars[record.name].get(CLUSTER_VARIABLE)) and not record.keep_cordoned:
-        uncordoned = ctx.engine.node_action("uncordon", [record.name]).hosts[record.name]
-        left.append("uncordoned" if uncordoned.succeeded else "uncordoning it failed")
+    # cordoned changes nothing; the GPU health label goes either way)
+    if decide.truthy(work.hostvars[record.name].get(CLUSTER_VARIABLE)):
+        action = "cordon" if record.keep_cordoned else "uncordon"
+        node = ctx.engine.node_action(action, [record.name], {record.name: None})
+        if not node.hosts[record.name].succeeded:
+            left.append(f"{'uncordoning' if action == 'uncordon' else 'unlabelling'} it failed")
+        elif action == "uncordon":
+            left.append("uncordoned")
     record.keep_cordoned = False
     out_of_rollout(record)
     ctx.writer.phase(record, None, "; ".join(left))

@@ -81,6 +81,17 @@ class Cluster:
     def labels(self, node: str) -> dict[str, str]:
         return self.get("node", node)["metadata"].get("labels") or {}
 
+    def watch_node(self, node: str) -> subprocess.Popen[str]:
+        """`kubectl get --watch` on a Node: a line per version of it, "<unschedulable>
+        <GPU health label>", until terminated."""
+        shape = r'{.spec.unschedulable} {.metadata.labels.nvidia\.com/gpu\.health}{"\n"}'
+        return subprocess.Popen(
+            [str(self._kubectl), f"--kubeconfig={self.kubeconfig}", "get", "node", node,
+             "--watch", "-o", f"jsonpath={shape}"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+
     def on_node(self, node: str, *command: str) -> str:
         result = subprocess.run(
             ["podman", "exec", node, *command], capture_output=True, text=True, check=False
@@ -336,12 +347,20 @@ def test_a_gpu_fallen_off_the_bus_is_cordoned_drained_rebooted_and_uncordoned(
     cluster: Cluster,
 ) -> None:
     """Xid 79 on the T4 (`fleet.py fault … lost`): the node is cordoned and drained
-    (the workload's pods evicted, its budget now allowing it), rebooted under the
-    inventory's driver_reboot_policy, applied, read again and uncordoned."""
+    (the workload's pods evicted, its budget now allowing it) with its GPU health label
+    saying what the GPU asks, rebooted under the inventory's driver_reboot_policy,
+    applied, read again and uncordoned, the label removed."""
     faulted = subprocess.run([*FLEET, "fault", GPU_NODE, "lost", "--gpu", "0"], check=False)
     assert faulted.returncode == 0
-    result = cluster.reconcile()
+    watch = cluster.watch_node(GPU_NODE)
+    try:
+        result = cluster.reconcile()
+    finally:
+        watch.terminate()
+    seen = [line.strip() for line in watch.communicate()[0].splitlines()]
     assert result.returncode == 0, result.stdout + result.stderr
+    assert "true reboot" in seen, seen  # cordoned, labelled nvidia.com/gpu.health=reboot
+    assert "nvidia.com/gpu.health" not in cluster.labels(GPU_NODE)
     said = next((ln for ln in result.stdout.splitlines() if f"{GPU_NODE}:" in ln), "")
     # (the lost GPU also shows as drift: what the node's GPU services hold is gone)
     assert f"{GPU_NODE}: rolled-out; because " in said, result.stdout

@@ -14,7 +14,7 @@ import itertools
 import random
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -114,6 +114,9 @@ class FakeEngine:
         self.cluster = FakeCluster()
         # Runs that included the cluster side: (plan | apply | probe, hosts).
         self.cluster_runs: list[tuple[str, tuple[str, ...]]] = []
+        # The GPU health label on each Node, and every value it was given, in order.
+        self.health_labels: dict[str, str] = {}
+        self.health_labelled: list[tuple[str, str]] = []
         # Nodes cordoned now, and nodes whose drain a PodDisruptionBudget refuses.
         self.cordoned: set[str] = set()
         self.budget_blocks: set[str] = set()
@@ -248,9 +251,17 @@ class FakeEngine:
             runs[host] = HostRun(host, remedy={"done": asked["action"], "waits": False})
         return RunResult(runs)
 
-    def node_action(self, action: str, hosts: Sequence[str]) -> RunResult:
+    def node_action(
+        self, action: str, hosts: Sequence[str], health: Mapping[str, str | None] | None = None
+    ) -> RunResult:
         self.calls.append((action, tuple(hosts)))
         runs = {}
+        for host, value in (health or {}).items():
+            if value is None:
+                self.health_labels.pop(host, None)
+            else:
+                self.health_labels[host] = value
+                self.health_labelled.append((host, value))
         for host in hosts:
             if action == "drain" and host in self.budget_blocks:
                 runs[host] = HostRun(host, failures=[BLOCKED.format(host=host)])

@@ -103,9 +103,26 @@ def test_a_kubernetes_node_is_cordoned_drained_reset_and_uncordoned(
     assert calls.index("remediate") < calls.index("apply") < calls.index("uncordon")
     assert engine.remedies == [{"a": {"action": "reset", "gpus": [A100]}}]
     assert engine.cordoned == set()
+    # labelled with what its GPU asked as it was cordoned, the label gone as it is uncordoned
+    assert engine.health_labelled == [("a", "reset")] and engine.health_labels == {}
     assert summaries(store, "a", HistoryKind.HEALTH)[-1] == (
         "remediated by a GPU reset; health check passed"
     )
+
+
+def test_a_node_cordoned_by_an_administrator_stays_so_and_loses_only_the_health_label(
+    store: StateStore,  # noqa: F811
+) -> None:
+    reconciler, engine, _ = converged(store, "a")
+    engine.nodes["a"].variables["k8s_manifests_apply"] = True
+    reconciler.cycle()
+    engine.cordoned.add("a")  # kubectl cordon, before the GPU failed
+    engine.nodes["a"].health = reading({A100: []}, [xid(7, 4_000, 79, "reboot", A100)])
+    reconciler.cycle()
+    assert engine.remedies == [{"a": {"action": "reboot", "gpus": [A100]}}]
+    assert engine.cordoned == {"a"} and "uncordon" not in [c for c, _ in engine.calls]
+    assert engine.health_labelled == [("a", "reboot")] and engine.health_labels == {}
+    assert store.host("a").rollout_phase is None
 
 
 def test_a_signal_asking_no_action_or_a_watch_changes_nothing(store: StateStore) -> None:  # noqa: F811
@@ -240,12 +257,17 @@ def test_a_gpu_asking_again_soon_after_its_remediation_is_quarantined(
 def test_a_gpu_still_asking_after_its_remediation_is_quarantined(store: StateStore) -> None:  # noqa: F811
     reconciler, engine, _ = converged(store, "a")
     engine.slurm_nodes.add("a")
+    engine.nodes["a"].variables["k8s_manifests_apply"] = True
+    reconciler.cycle()  # the cluster side applied once
     engine.nodes["a"].health = lost()
     engine.nodes["a"].health_after_remedy = lost(seq=2, usec=95_000)  # lost again at boot
     reconciler.cycle()
     a = store.host("a")
     assert a.quarantined and a.remedy["why"] == "asked again right after its reboot"
     assert "a" in engine.slurm_drained  # never resumed
+    assert engine.cordoned == {"a"}  # never uncordoned
+    # taken out for a reboot, quarantined: its label says it now asks for a replacement
+    assert engine.health_labelled == [("a", "reboot"), ("a", "replace")]
     assert summaries(store, "a", HistoryKind.QUARANTINE)[0].startswith("GPU quarantined")
 
 
@@ -340,11 +362,13 @@ def test_a_released_quarantine_returns_the_node_once_its_gpu_is_seen_to(
     )
     reconciler.cycle()
     assert store.host("a").quarantined and engine.cordoned == {"a"}
+    assert engine.health_labels == {"a": "replace"}
     engine.nodes["a"].health = reading({H100: []})  # the board replaced
     reconciler.ctx.writer.release("a")
     reconciler.cycle()
     a = store.host("a")
     assert (a.quarantined, a.rollout_phase, a.remedy) == (False, None, {})
     assert engine.cordoned == set() and "a" not in engine.slurm_drained
+    assert engine.health_labels == {}
     [done] = [e.summary for e in store.history("a") if e.component == "done"][-1:]
     assert done == "left the rollout: nothing to change any more; resumed in Slurm; uncordoned"
