@@ -188,3 +188,31 @@ def test_a_package_left_unconfigured_is_finished_by_the_transaction():
         }
     ]
     assert apt_set.undo(steps)["install"] == []  # nothing of the old set to put back
+
+
+def test_a_set_installed_at_its_versions_needs_no_transaction(policy):
+    """apt-get --simulate is left out only where apt's policy shows nothing to do."""
+    exact = ["nvidia-smi=535.261.03-1", "nvidia-kernel-dkms=535.261.03-1"]
+    assert apt_set.at_versions(policy, exact)
+    assert apt_set.at_versions(policy, ["nvidia-persistenced"])  # installed = candidate
+    assert not apt_set.at_versions(policy, ["nvidia-smi=535.309.01-0+deb12u1"])  # a change
+    # a bare name whose candidate is newer is an upgrade
+    assert not apt_set.at_versions(policy, ["nvidia-fabricmanager-535"])
+    assert not apt_set.at_versions(policy, [*exact, "nvidia-fabricmanager-535-"])  # a removal
+    assert not apt_set.at_versions(policy, ["nvidia-open-kernel-dkms"])  # apt lacks it
+    assert not apt_set.at_versions(policy, [])
+
+
+@pytest.mark.parametrize(
+    ("status", "whole"),
+    [
+        ("ii \nhi \n", True),  # installed; installed and held
+        ("ii \niF \n", False),  # half-configured by a failed run: apt-get finishes it
+        ("hi \nrc \n", False),  # removed, its configuration files left
+        ("iU \n", False),  # unpacked, not configured
+        ("iiR\n", False),  # installed, reinstallation required
+        ("", False),
+    ],
+)
+def test_only_packages_dpkg_has_whole_skip_the_transaction(status, whole):
+    assert apt_set.whole(status) is whole

@@ -106,6 +106,29 @@ def specs(policy, install, same_version, version):
     return arguments
 
 
+def at_versions(policy, arguments):
+    """Whether apt's policy has every package of `arguments` installed at the exact
+    version asked (a bare name at its candidate) and none to remove: then apt-get
+    install would change nothing, where dpkg has each of them whole (`whole`) and no
+    package half-done (`dpkg --audit`)."""
+    for argument in arguments:
+        if argument.endswith("-"):
+            return False
+        name, _, version = argument.partition("=")
+        entry = policy.get(name) or {}
+        if entry.get("installed") is None or entry["installed"] != (version or entry["candidate"]):
+            return False
+    return bool(arguments)
+
+
+def whole(status):
+    """Whether dpkg has each package installed whole: `status` is what
+    `dpkg-query --show --showformat='${db:Status-Abbrev}\\n' NAME...` printed, a line
+    per package: wanted installed or held, installed, no error flag."""
+    lines = status.splitlines()
+    return bool(lines) and all(line[:3] in ("ii ", "hi ") for line in lines)
+
+
 def parse_simulation(text):
     """The transaction of `apt-get install --simulate`: one entry per package with
     its action (install, upgrade, downgrade, remove, or configure: a package an

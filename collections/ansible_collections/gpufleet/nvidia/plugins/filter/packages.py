@@ -1,0 +1,45 @@
+# Copyright: gpufleet developers
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""dpkg_query and dpkg_installed: whether dpkg has packages installed whole, as apt
+names them, told without apt (which loads its whole cache to find nothing to do).
+
+Documentation: dpkg_query.yml and dpkg_installed.yml next to this file.
+"""
+
+from __future__ import annotations
+
+# dpkg's abbreviated status of a package installed whole: wanted installed or held,
+# installed, no error flag (dpkg-query(1), db:Status-Abbrev).
+_WHOLE = ("ii ", "hi ")
+_FORMAT = "${Package} ${db:Status-Abbrev}${Version}\\n"
+
+
+def dpkg_query(names):
+    """The command that lists `names` (apt's `name` or `name=version`) for
+    dpkg_installed."""
+    return ["dpkg-query", "--show", f"--showformat={_FORMAT}"] + [
+        str(name).partition("=")[0] for name in names
+    ]
+
+
+def dpkg_installed(listing, names):
+    """True when every package of `names` (apt's `name` or `name=version`) is in
+    `listing` installed whole, at exactly the version given where one is.
+    `listing` is what the command of dpkg_query printed for them."""
+    found = {}
+    for line in (listing or "").splitlines():
+        package, _, rest = line.partition(" ")
+        status, version = rest[:3], rest[3:]
+        found.setdefault(package, []).append(version if status in _WHOLE else None)
+    for name in names:
+        package, _, version = str(name).partition("=")
+        versions = found.get(package.split(":")[0])
+        if not versions or None in versions or (version and set(versions) != {version}):
+            return False
+    return bool(names)
+
+
+class FilterModule:
+    def filters(self):
+        return {"dpkg_query": dpkg_query, "dpkg_installed": dpkg_installed}

@@ -1,0 +1,66 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""dpkg_query and dpkg_installed: a role leaves its apt task out only where dpkg has
+every package installed whole at the version named. Read from the real dpkg-query of
+this machine, and from listings in its format for the states a node can be left in."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from ansible_collections.gpufleet.nvidia.plugins.filter.packages import (
+    dpkg_installed,
+    dpkg_query,
+)
+
+
+def _listing(names):
+    run = subprocess.run(dpkg_query(names), capture_output=True, text=True, check=False)
+    return run.returncode, run.stdout
+
+
+def test_what_dpkg_has_installed_is_read_from_dpkg_query_itself():
+    rc, listing = _listing(["dpkg", "bash"])
+    assert rc == 0 and listing.count("\n") == 2  # a line each, in dpkg's own order
+    version = dict(line.split(" ", 1) for line in listing.splitlines())["dpkg"][3:]
+    assert dpkg_installed(listing, ["dpkg", "bash"])
+    assert dpkg_installed(listing, [f"dpkg={version}", "bash"])
+    assert not dpkg_installed(listing, [f"dpkg={version}.1", "bash"])  # another version
+
+
+def test_a_package_dpkg_does_not_know_sends_the_task_to_apt():
+    rc, listing = _listing(["dpkg", "gpufleet-no-such-package"])
+    assert rc == 1  # (the roles read it with failed_when: false)
+    assert not dpkg_installed(listing, ["dpkg", "gpufleet-no-such-package"])
+
+
+@pytest.mark.parametrize(
+    ("listing", "installed"),
+    [
+        ("containerd ii 1.6.20~ds1-1+b1\npython3-tomlkit hi 0.11.7-1\n", True),
+        ("containerd iF 1.6.20~ds1-1+b1\npython3-tomlkit ii 0.11.7-1\n", False),
+        ("containerd iU 1.6.20~ds1-1+b1\npython3-tomlkit ii 0.11.7-1\n", False),
+        ("containerd rc 1.6.20~ds1-1+b1\npython3-tomlkit ii 0.11.7-1\n", False),
+        ("containerd iiR1.6.20~ds1-1+b1\npython3-tomlkit ii 0.11.7-1\n", False),
+        ("python3-tomlkit ii 0.11.7-1\n", False),  # containerd missing
+        ("", False),
+    ],
+)
+def test_only_packages_installed_whole_are_left_to_dpkg(listing, installed):
+    """ii and hi: installed (held or not); iF half-configured, iU unpacked, rc removed
+    with its configuration left, R: reinstallation required."""
+    assert dpkg_installed(listing, ["containerd", "python3-tomlkit"]) is installed
+
+
+def test_a_version_or_an_architecture_in_the_name_is_read_as_apt_reads_it():
+    listing = "datacenter-gpu-manager ii 1:3.3.9\ndcgm-exporter ii 3.3.9-3.6.1-1\n"
+    assert dpkg_query(["datacenter-gpu-manager", "dcgm-exporter=3.3.9-3.6.1-1"])[3:] == [
+        "datacenter-gpu-manager",
+        "dcgm-exporter",
+    ]
+    assert dpkg_installed(listing, ["datacenter-gpu-manager", "dcgm-exporter=3.3.9-3.6.1-1"])
+    assert not dpkg_installed(listing, ["datacenter-gpu-manager", "dcgm-exporter=3.3.8-3.6.0-1"])
+    assert dpkg_installed("libc6 ii 2.36-9\n", ["libc6:amd64"])
+    assert not dpkg_installed(listing, [])
