@@ -9,9 +9,8 @@ Documentation: dpkg_query.yml and dpkg_installed.yml next to this file.
 
 from __future__ import annotations
 
-# dpkg's abbreviated status of a package installed whole: wanted installed or held,
-# installed, no error flag (dpkg-query(1), db:Status-Abbrev).
-_WHOLE = ("ii ", "hi ")
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.apt_set import WHOLE
+
 _FORMAT = "${Package} ${db:Status-Abbrev}${Version}\\n"
 
 
@@ -31,7 +30,7 @@ def dpkg_installed(listing, names):
     for line in (listing or "").splitlines():
         package, _, rest = line.partition(" ")
         status, version = rest[:3], rest[3:]
-        found.setdefault(package, []).append(version if status in _WHOLE else None)
+        found.setdefault(package, []).append(version if status in WHOLE else None)
     for name in names:
         package, _, version = str(name).partition("=")
         versions = found.get(package.split(":")[0])

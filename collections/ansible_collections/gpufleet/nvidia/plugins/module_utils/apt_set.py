@@ -106,6 +106,11 @@ def specs(policy, install, same_version, version):
     return arguments
 
 
+# dpkg's abbreviated status of a package installed whole: wanted installed or held,
+# installed, no error flag (dpkg-query(1), db:Status-Abbrev).
+WHOLE = ("ii ", "hi ")
+
+
 def at_versions(policy, arguments):
     """Whether apt's policy has every package of `arguments` installed at the exact
     version asked (a bare name at its candidate) and none to remove: then apt-get
@@ -126,7 +131,7 @@ def whole(status):
     `dpkg-query --show --showformat='${db:Status-Abbrev}\\n' NAME...` printed, a line
     per package: wanted installed or held, installed, no error flag."""
     lines = status.splitlines()
-    return bool(lines) and all(line[:3] in ("ii ", "hi ") for line in lines)
+    return bool(lines) and all(line[:3] in WHOLE for line in lines)
 
 
 def parse_simulation(text):
