@@ -51,6 +51,11 @@ mkdir -p "$rootfs/opt/gpusim"
 cp -a "$kit/." "$rootfs/opt/gpusim/"
 find "$rootfs/opt/gpusim" -name __pycache__ -prune -exec rm -rf {} +
 install -D -m 0755 "$mock_nvml" "$rootfs/opt/gpusim/lib/libnvidia-ml.so.1"
+# A bytecode cache for Ansible's module payloads, loaded at every Python start
+# (kit/python/gpusim_pyc.py says why): it makes the test fleet faster, nothing else.
+python_lib=$rootfs/usr/lib/python3/dist-packages
+install -m 0644 "$kit/python/gpusim_pyc.py" "$python_lib/"
+echo 'import gpusim_pyc; gpusim_pyc.install()' > "$python_lib/gpusim-pyc.pth"
 cat > "$rootfs/etc/gpusim-node" <<MARKER
 This is a SIMULATED gpufleet GPU node (a podman container built by tests/sim).
 Its PCI devices, kernel modules and NVML library are simulated by /opt/gpusim.
