@@ -49,8 +49,24 @@ def converge(args: list[str], playbook: Path | None = None, expect_rc: int = 0) 
         check=False,
         cwd=PROJECT,
     )
-    assert result.returncode == expect_rc, result.stdout[-3000:] + result.stderr[-2000:]
+    assert result.returncode == expect_rc, failures(result)
     return json.loads(result.stdout)
+
+
+def failures(result: subprocess.CompletedProcess) -> str:
+    """What the failed tasks said (their own words, not only the play's last lines)."""
+    said = []
+    try:
+        plays = json.loads(result.stdout)["plays"]
+    except (ValueError, KeyError):
+        plays = []
+    for play in plays:
+        for task in play["tasks"]:
+            for name, outcome in task["hosts"].items():
+                if outcome.get("failed") or outcome.get("unreachable"):
+                    words = {k: outcome.get(k) for k in ("msg", "rc", "stdout", "stderr")}
+                    said.append(f"{name}: {task['task']['name']}: {json.dumps(words)[-3000:]}")
+    return "\n".join([*said, result.stdout[-3000:], result.stderr[-2000:]])
 
 
 @functools.cache
