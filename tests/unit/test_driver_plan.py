@@ -79,15 +79,20 @@ def test_debian12_hgx_gets_fabric_manager_from_the_cuda_repo():
     assert plan["fabricmanager"] == ["nvidia-fabricmanager-535"]
     cuda = plan["repositories"][-1]
     assert cuda["uris"] == ["file:/srv/mirror/cuda/debian12/x86_64"]
-    # Nothing but the fabric manager may come from NVIDIA's repository then.
-    assert plan["cuda_repo_pin"] == {
-        "selector": 'origin ""',
-        "allowed": "nvidia-fabricmanager-* libnvidia-nscq-*",
-    }
+    # The fabric manager, and none of the driver, comes from NVIDIA's repository then.
+    assert plan["cuda_repo_pin"]["selector"] == 'origin ""'
+    assert plan["cuda_repo_pin"]["allowed"] == "nvidia-fabricmanager-* libnvidia-nscq-*"
     remote = driver_plan(facts("debian", "12", nvswitches=4), branch="535", cuda_repo_base_url=CUDA)
     assert remote["cuda_repo_pin"]["selector"] == 'origin "developer.download.nvidia.com"'
+    # Without NVSwitches the role adds no CUDA source, and still keeps the driver off
+    # one that another role or the site adds (test_driver_apt_pins: apt's view).
     plain = driver_plan(facts("debian", "12"), branch="535", cuda_repo_base_url=CUDA)
-    assert plain["cuda_repo_pin"] is None
+    assert [r["name"] for r in plain["repositories"]] == [
+        "zz-gpufleet-debian-nvidia",
+        "zz-gpufleet-debian-security-nvidia",
+    ]
+    assert plain["cuda_repo_pin"]["allowed"] == ""
+    assert plain["cuda_repo_pin"]["refused"] == " ".join(dp.DEB_DRIVER_PACKAGE_GLOBS)
     assert cuda["key_url"] == "file:/srv/mirror/cuda/debian12/x86_64/3bf863cc.pub"
 
 

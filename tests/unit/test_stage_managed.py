@@ -125,7 +125,8 @@ def test_driver_on_ubuntu_with_precompiled_modules(tmp_path):
         driver_blacklist_nouveau=False,
     )
     assert found == {
-        "files": [],
+        # The driver's packages kept off NVIDIA's repository, which others may add.
+        "files": ["/etc/apt/preferences.d/gpufleet-nvidia-cuda-repo.pref"],
         "packages": [
             "nvidia-headless-535-server",
             "nvidia-utils-535-server",

@@ -359,16 +359,30 @@ def _debian(
         plan["repositories"].append(_cuda_deb_repo(base_url, cuda_dir))
         plan.update(_cuda_deb_packages(branch, version, module_type))
     plan["fabricmanager"] = _fm_deb(branch, version) if fm else []
-    if fm and source == "distro":
+    if source == "distro":
         # Debian does not package the fabric manager: it comes from NVIDIA's repo,
         # which also offers driver packages of Debian's names at other versions.
-        # Only the fabric manager (and its NSCQ library) may come from there.
-        plan["repositories"].append(_cuda_deb_repo(base_url, cuda_dir))
-        plan["cuda_repo_pin"] = {
-            "selector": f'origin "{_origin(base_url)}"',
-            "allowed": "nvidia-fabricmanager-* libnvidia-nscq-*",
-        }
+        # Of the driver's packages, only the fabric manager (and its NSCQ library)
+        # may come from there.
+        if fm:
+            plan["repositories"].append(_cuda_deb_repo(base_url, cuda_dir))
+        plan["cuda_repo_pin"] = _cuda_repo_pin(
+            base_url, "nvidia-fabricmanager-* libnvidia-nscq-*" if fm else ""
+        )
     return plan
+
+
+def _cuda_repo_pin(base_url, allowed):
+    """On a distro-driver node, what apt may take from NVIDIA's CUDA repository: the
+    packages `allowed` (globs), and none of the driver's. Written whether or not the
+    driver role adds that repository: another role (the exporter's DCGM) or the site
+    may add it, and its driver packages, of the distribution's names at newer
+    versions, would otherwise become apt's candidates for the driver's set."""
+    return {
+        "selector": f'origin "{_origin(base_url)}"',
+        "allowed": allowed,
+        "refused": " ".join(DEB_DRIVER_PACKAGE_GLOBS),
+    }
 
 
 def _apt_family_plan(family, kernel):
@@ -441,6 +455,9 @@ def _ubuntu(os_version, branch, version, module_type, source, base_url, kernel, 
             "dkms_package": f"nvidia-dkms-{branch}-server{suffix}",
         }
         plan["fabricmanager"] = _fm_deb(branch, version) if fm else []
+        # Ubuntu's archive has the fabric manager too: nothing of the driver's set
+        # comes from NVIDIA's repository.
+        plan["cuda_repo_pin"] = _cuda_repo_pin(base_url, "")
     else:
         plan["repositories"].append(_cuda_deb_repo(base_url, distro))
         plan.update(_cuda_deb_packages(branch, version, module_type))
