@@ -231,6 +231,11 @@ def test_a_kernel_that_cannot_have_its_module_is_held_back_on_one_that_has_it(
     [newest] = [r for r in newer if r != new_kernel]
     assert grub_default(fleet) == "0"  # GRUB boots the newest: without the module
     time.sleep(2)  # past the backoff
+    # The plan (check mode) predicts the hold and writes nothing.
+    plan = fleet.runner("plan")
+    assert plan.returncode == 5, plan.stdout + plan.stderr  # changes pending
+    assert f"  {NODE}: planned; because " in plan.stdout, plan.stdout
+    assert fleet.on_node(NODE, "test", "-e", HOLD_FILE).returncode == 1
     result = fleet.runner("reconcile", "--once", *SHORT_BACKOFF)
     assert f"  {NODE}: applied; because " in result.stdout, result.stdout + result.stderr
     drift = [e for e in fleet.history(NODE) if e["kind"] == "drift"]

@@ -11,6 +11,7 @@ import pytest
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import grub, kernels
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import node_state as ns
+from ansible_collections.gpufleet.nvidia.plugins.modules import boot_kernel
 from runner.words import drift_summary
 
 FIXTURES = Path(__file__).parent / "fixtures" / "grub"
@@ -53,10 +54,15 @@ def test_a_default_names_an_entry_by_position_id_or_title(default: str, release:
 
 
 def _node(
-    tmp_path: Path, cfg: str, hold: str | None = None, grubenv: str = "", built=(OLD,)
+    tmp_path: Path,
+    cfg: str,
+    hold: str | None = None,
+    grubenv: str = "",
+    built=(OLD,),
+    site: dict[str, str] | None = None,
 ) -> dict:
     """kernels.read on a node with both kernels, the module for those `built`, and
-    GRUB's menu."""
+    GRUB's menu; `site`: more of the site's settings files in grub.d, name to text."""
     boot = tmp_path / "boot"
     (boot / "grub").mkdir(parents=True)
     for release in (OLD, NEW):
@@ -73,6 +79,8 @@ def _node(
     (settings / "50-cloudimg-settings.cfg").write_text("GRUB_TIMEOUT=0\n")
     if hold:
         (settings / "99-gpufleet-kernel.cfg").write_text(grub.hold_text(hold, OLD, "why"))
+    for name, text in (site or {}).items():
+        (settings / name).write_text(text)
 
     def run(argv: list[str]) -> tuple[int, str, str]:
         release = Path(argv[1]).parts[-4]
@@ -154,4 +162,39 @@ def test_a_hold_is_no_drift_until_the_kernel_held_back_has_its_module(tmp_path: 
     assert drift_summary(entry) == (
         f"kernel {NEW} has the driver's module now: the boot default gpufleet held on "
         f"{OLD} can be lifted"
+    )
+
+
+class _Module:
+    """What boot_kernel's hold asks of AnsibleModule: where GRUB's tools are."""
+
+    @staticmethod
+    def get_bin_path(name: str) -> str | None:
+        return "/usr/sbin/update-grub" if name == "update-grub" else None
+
+
+def test_a_hold_is_offered_where_no_later_settings_file_sets_the_default(tmp_path: Path) -> None:
+    # A later file that sets no default, or the same one, does not stand in the way.
+    site = {"99z-site.cfg": "GRUB_TIMEOUT=2\n"}
+    facts = _node(tmp_path, "debian12-two-kernels.cfg", site=site)
+    assert facts["grub"]["read_after"] == {}
+    found = boot_kernel._hold(_Module(), facts, "535.261.03", None)
+    assert found["hold"]["release"] == OLD and found["hold_blocked"] is None
+
+
+def test_a_settings_file_read_after_the_hold_that_sets_the_default_blocks_it(
+    tmp_path: Path,
+) -> None:
+    """grub-mkconfig reads grub.d in name order and the last GRUB_DEFAULT wins: a
+    site's file after gpufleet's would undo the hold. No hold is offered; the stop
+    names the file (roles/driver/tasks/kernel.yml)."""
+    site = {"99z-site.cfg": "GRUB_DEFAULT=0\n", "10-early.cfg": "GRUB_DEFAULT=saved\n"}
+    facts = _node(tmp_path, "debian12-two-kernels.cfg", site=site)
+    later = str(tmp_path / "grub.d" / "99z-site.cfg")
+    assert facts["grub"]["read_after"] == {later: "0"}  # 10-early.cfg is read before
+    found = boot_kernel._hold(_Module(), facts, "535.261.03", None)
+    assert found["hold"] is None
+    assert found["hold_blocked"] == (
+        f"kernel {OLD} has the module, but GRUB_DEFAULT in {later}, read after "
+        f"{tmp_path / 'grub.d' / '99-gpufleet-kernel.cfg'}, would override a hold on it"
     )

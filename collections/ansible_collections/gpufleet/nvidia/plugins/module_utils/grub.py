@@ -142,6 +142,20 @@ def setting(texts):
     return value
 
 
+def read_after(settings, hold_file):
+    """{path: GRUB_DEFAULT} of the settings files grub-mkconfig reads after the hold
+    file (those of its directory that sort after its name) and that set the default:
+    whatever they say wins over the hold. `settings` maps paths to text, in read order."""
+    directory = hold_file.rsplit("/", 1)[0] + "/"
+    found = {}
+    for path, text in settings.items():
+        if path.startswith(directory) and path > hold_file:
+            value = setting([text])
+            if value is not None:
+                found[path] = value
+    return found
+
+
 def hold_text(path, release, reason):
     """The hold file's content: GRUB_DEFAULT naming `path` (entry_path's), and why."""
     return (

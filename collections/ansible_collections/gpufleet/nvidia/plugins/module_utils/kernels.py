@@ -235,7 +235,9 @@ def grub_facts(config, menu, settings, hold_file, releases, grubenv):
     """{config: the menu's path (None without one that lists kernels), hold_file, held:
     the release gpufleet's hold file keeps booting (None without a hold), unheld: the
     release the node would boot next without the hold, entries: each release's entry
-    as GRUB_DEFAULT names it}. `settings` maps the GRUB settings files to their text."""
+    as GRUB_DEFAULT names it, read_after: {path: GRUB_DEFAULT} of the settings files read
+    after the hold file that set the default}. `settings` maps the GRUB settings files
+    to their text."""
     listed = grub.releases(menu["entries"])
     held = None
     if hold_file in settings:
@@ -249,6 +251,7 @@ def grub_facts(config, menu, settings, hold_file, releases, grubenv):
         "held": held,
         "unheld": unheld,
         "entries": {r: grub.entry_path(menu["entries"], r) for r in dict.fromkeys(listed)},
+        "read_after": grub.read_after(settings, hold_file),
     }
 
 

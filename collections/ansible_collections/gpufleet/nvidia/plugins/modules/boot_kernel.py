@@ -78,8 +78,9 @@ kernel:
       and C(modules), each of those releases to its nvidia module (C(path),
       C(version), C(built_for)) or null; C(grub), GRUB's menu (C(config)),
       gpufleet's hold file (C(hold_file)), the release it keeps booting (C(held)) and
-      the one the node would boot without it (C(unheld)), and each release's entry
-      (C(entries)).
+      the one the node would boot without it (C(unheld)), each release's entry
+      (C(entries)), and the settings files read after the hold file that set
+      GRUB_DEFAULT, to the value they set (C(read_after)).
   returned: always
   type: dict
 signing_key:
@@ -107,6 +108,13 @@ hold:
       entry GRUB's default once the menu is written anew; null otherwise.
   returned: always
   type: dict
+hold_blocked:
+  description:
+    - Where a kernel to hold the node on has the module, but a settings file read after
+      gpufleet's hold file sets another GRUB_DEFAULT (which would win), why no hold is
+      offered, naming the kernel and the files; null otherwise.
+  returned: always
+  type: str
 regenerate:
   description: The command that writes GRUB's menu anew (C(update-grub), else
     C(grub-mkconfig -o) the menu); null where GRUB's menu lists no kernels.
@@ -173,13 +181,22 @@ def main():
 
 
 def _hold(module, kernel, version, signing_key):
-    """target, hold and regenerate (see RETURN)."""
+    """target, hold, hold_blocked and regenerate (see RETURN)."""
     facts = kernel["grub"]
     release = facts["unheld"] if facts["held"] else kernel["boot_next"]
     wrong = kernels.problems(kernel, version, signing_key, release)
     keep = kernels.fallback(kernel, version, signing_key) if wrong else None
-    hold = None
-    if keep:
+    hold = blocked = None
+    overriding = sorted(
+        p for p, v in facts["read_after"].items() if keep and v != facts["entries"][keep]
+    )
+    if keep and overriding:
+        # grub-mkconfig would read the site's default after gpufleet's: no hold can take.
+        blocked = (
+            f"kernel {keep} has the module, but GRUB_DEFAULT in {', '.join(overriding)}, read"
+            f" after {facts['hold_file']}, would override a hold on it"
+        )
+    elif keep:
         reason = "; ".join(wrong).replace("\n", " ")
         content = grub.hold_text(facts["entries"][keep], keep, reason)
         hold = {"release": keep, "path": facts["hold_file"], "content": content}
@@ -191,6 +208,7 @@ def _hold(module, kernel, version, signing_key):
     return {
         "target": {"release": release, "problems": wrong},
         "hold": hold if regenerate else None,
+        "hold_blocked": blocked,
         "regenerate": regenerate,
     }
 
