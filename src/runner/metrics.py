@@ -44,11 +44,19 @@ NODE_READY_GAUGES = {
 _READY = ("ready", "pre-installed")
 
 
-def _health_metrics(r: CollectorRegistry) -> tuple[Gauge, Counter, Counter, Gauge]:
-    """The GPUs' health per host (docs/health.md) and the Xid events counted."""
+def _health(r: CollectorRegistry) -> tuple[Gauge, Gauge, Counter, Counter, Gauge]:
+    """The GPUs' health per host (docs/health.md), its remediation under way, the Xid
+    events counted, the remediations ended and the breaker."""
     health = Gauge(
         "gpufleet_host_gpu_health",
         "What the host's GPUs ask for (0 none, 1 watch, 2 reset, 3 reboot, 4 replace)",
+        ["host"],
+        registry=r,
+    )
+    remediating = Gauge(
+        "gpufleet_host_gpu_remediation",
+        "1 while a GPU reset or reboot the host's GPUs asked for is under way (the host "
+        "queued for it or out of service)",
         ["host"],
         registry=r,
     )
@@ -70,7 +78,7 @@ def _health_metrics(r: CollectorRegistry) -> tuple[Gauge, Counter, Counter, Gaug
         "1 while too many hosts ask for GPU remediation at once and none is remediated",
         registry=r,
     )
-    return health, xids, remediations, breaker
+    return health, remediating, xids, remediations, breaker
 
 
 def _liveness(r: CollectorRegistry) -> Gauge:
@@ -130,7 +138,7 @@ class Metrics(Observer):
         self.rollout = Gauge(
             "gpufleet_rollout_hosts", "Hosts in each phase of a rollout", ["phase"], registry=r
         )
-        self.health, self.xids, self.remediations, self.breaker = _health_metrics(r)
+        self.health, self.remediating, self.xids, self.remediations, self.breaker = _health(r)
         self.node_ready = {
             name: Gauge(name, f"1 while the host's {'+'.join(stages)} pass", ["node"], registry=r)
             for name, stages in NODE_READY_GAUGES.items()
@@ -174,6 +182,7 @@ class Metrics(Observer):
         self.quarantined.labels(record.name).set(int(record.quarantined))
         if record.health:
             self.health.labels(record.name).set(severity(record.health))
+        self.remediating.labels(record.name).set(int(record.remediating))
         previous = self._stages.get(record.name, {})
         for stage in STAGES:
             old, new = previous.get(stage), record.stages.get(stage)
@@ -205,6 +214,7 @@ class Metrics(Observer):
             self.quarantined,
             self.changes,
             self.health,
+            self.remediating,
             self.xids,
             self.remediations,
         ):

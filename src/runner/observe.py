@@ -15,6 +15,7 @@ from types import MappingProxyType
 from typing import Any
 
 from runner.cycle import CycleReport
+from runner.health import REMEDIATED
 from runner.output import program
 from runner.rollout import RolloutPhase
 from runner.state import HostRecord, HostStatus
@@ -33,6 +34,9 @@ class HostUpdated:
     rollout_phase: RolloutPhase | None
     # What the GPUs' health asks for (runner.health.ACTIONS); '' where never read.
     health: str = ""
+    # A GPU reset or reboot the GPUs asked for, under way: the host queued for it or
+    # out of service (not halted, not quarantined).
+    remediating: bool = False
 
     @classmethod
     def of(cls, record: HostRecord) -> HostUpdated:
@@ -43,6 +47,9 @@ class HostUpdated:
             MappingProxyType(dict(record.stages)),
             record.rollout_phase,
             str(record.health.get("action", "")),
+            record.remedy.get("action") in REMEDIATED
+            and not record.quarantined
+            and record.rollout_phase not in (None, RolloutPhase.HALTED),
         )
 
 

@@ -36,7 +36,7 @@ def rule_series() -> set[str]:
 def test_promtool_accepts_the_rules() -> None:
     result = promtool("check", "rules", str(RULES))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 12 rules found" in result.stdout
+    assert "SUCCESS: 13 rules found" in result.stdout
 
 
 def test_each_alert_fires_when_it_should_and_not_before() -> None:

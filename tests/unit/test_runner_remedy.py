@@ -8,6 +8,7 @@ holds every remediation when too many hosts ask at once (runner.remedy)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from typing import Any
 
@@ -186,17 +187,29 @@ def test_two_hosts_of_a_pool_with_a_budget_of_one_are_remediated_one_at_a_time(
     store: StateStore,  # noqa: F811
 ) -> None:
     reconciler, engine, _ = converged(store, "a", "b", "c")
+    metrics = Metrics()
+    reconciler.observe = Observers([metrics])
     for host in ("a", "b"):
         engine.nodes[host].health = lost()
     report = reconciler.cycle()
     assert engine.remedies == [{"a": {"action": "reboot", "gpus": [H100]}}]
     assert store.host("b").rollout_phase == "queued"
     assert report.outcomes["b"].message == "rollout: queued for a later batch"
+    # b's reboot is under way (queued): its GPUs' alert waits (docs/monitoring.md).
+    assert remediating(metrics) == {"a": 0.0, "b": 1.0, "c": 0.0}
     engine.calls.clear()
     reconciler.cycle()
     assert engine.remedies[1:] == [{"b": {"action": "reboot", "gpus": [H100]}}]
     assert all(store.host(h).rollout_phase is None for h in ("a", "b", "c"))
     assert all(store.host(h).remedy == {} for h in ("a", "b"))
+    assert remediating(metrics) == {"a": 0.0, "b": 0.0, "c": 0.0}
+
+
+def remediating(metrics: Metrics) -> dict[str, float]:
+    """gpufleet_host_gpu_remediation per host, as exported."""
+    text = generate_latest(metrics.registry).decode()
+    found = re.findall(r'^gpufleet_host_gpu_remediation\{host="([^"]+)"\} (\S+)$', text, re.M)
+    return {host: float(value) for host, value in found}
 
 
 def test_a_burst_across_the_fleet_trips_the_breaker_and_remediates_nothing(
@@ -215,6 +228,8 @@ def test_a_burst_across_the_fleet_trips_the_breaker_and_remediates_nothing(
     assert all(store.host(h).remedy["action"] == "reboot" for h in ("a", "b", "c"))
     assert all(store.host(h).rollout_phase is None for h in ("a", "b", "c"))
     assert "gpufleet_health_breaker_open 1.0" in generate_latest(metrics.registry).decode()
+    # Held, not under way: each host's own alert pages too.
+    assert set(remediating(metrics).values()) == {0.0}
 
     # Still held next cycle: what each owes is kept.
     engine.calls.clear()
