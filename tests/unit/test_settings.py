@@ -520,8 +520,26 @@ def test_hosts_outside_the_managed_group_are_never_contacted(tmp_path):
     for extra, hosts in (([], {"gpu-1"}), (["-e", "gpufleet_hosts=dgx"], {"dgx-1"})):
         rc, report = run_ansible("ansible-playbook", "-i", str(inventory), *extra, playbook)
         assert rc == 0, report
-        assert set(report["stats"]) == hosts
+        # and the controller itself, which checks that the pattern matches a host
+        assert set(report["stats"]) == hosts | {"localhost"}
         assert set(report["plays"][0]["tasks"][0]["hosts"]) == hosts
+
+
+def test_an_inventory_without_the_gpu_nodes_fails_the_run_saying_so(tmp_path):
+    """Ansible only warns of a pattern that matches no host and ends "ok": a site whose
+    group is spelt otherwise (or the wrong -i) is told, and the run fails."""
+    inventory = tmp_path / "hosts.yml"
+    local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    inventory.write_text(yaml.safe_dump({"gpu-nodes": {"hosts": {"gpu-1": local}}}))
+    playbook = str(PROJECT / "playbooks" / "settings.yml")
+    for extra, pattern in (([], "gpu_nodes"), (["-e", "gpufleet_hosts=dgx"], "dgx")):
+        rc, report = run_ansible("ansible-playbook", "-i", str(inventory), *extra, playbook)
+        assert rc == 2, report
+        assert set(report["stats"]) == {"localhost"}  # no node was contacted
+        [outcome] = report["plays"][-1]["tasks"][0]["hosts"].values()
+        assert outcome["msg"].startswith(
+            f"No host of the inventory matches {pattern}, so nothing would be done"
+        )
 
 
 def _together(**values):
