@@ -16,7 +16,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import http.server
-import shutil
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -24,12 +23,11 @@ from pathlib import Path
 
 import jinja2
 import pytest
+from test_driver_plan import facts
 
 from ansible_collections.gpufleet.nvidia.plugins.filter.driver import driver_plan
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "roles" / "driver" / "templates"
-
-pytestmark = pytest.mark.skipif(shutil.which("apt-get") is None, reason="needs apt")
 
 DISTRIBUTION = {
     "nvidia-smi": "535.261.03-1~deb12u1",
@@ -134,12 +132,8 @@ def candidates(tmp: Path, nvidia_url: str, prefs: dict[str, str]) -> dict[str, s
 
 
 def debian12(nvidia_url: str, nvswitches: int = 0, version: str = "") -> dict:
-    facts = {
-        "os": {"id": "debian", "version_id": "12", "kernel": "6.1.0-18-amd64"},
-        "gpus": [{"compute_major": 7, "compute_minor": 5}],
-        "nvswitch_count": nvswitches,
-    }
-    return driver_plan(facts, branch="535", version=version, cuda_repo_base_url=nvidia_url)
+    node = facts("debian", "12", compute=(7, 5), nvswitches=nvswitches)
+    return driver_plan(node, branch="535", version=version, cuda_repo_base_url=nvidia_url)
 
 
 def test_without_the_restriction_nvidias_driver_packages_would_win(tmp_path, nvidia_url):
@@ -184,10 +178,6 @@ def test_a_site_selector_names_the_repository(tmp_path, nvidia_url):
 
 
 def test_a_cuda_repository_driver_node_has_no_restriction(nvidia_url):
-    facts = {
-        "os": {"id": "debian", "version_id": "12", "kernel": "6.1.0-18-amd64"},
-        "gpus": [{"compute_major": 9, "compute_minor": 0}],
-        "nvswitch_count": 0,
-    }
-    plan = driver_plan(facts, branch="580", source="cuda-repo", cuda_repo_base_url=nvidia_url)
+    node = facts("debian", "12")
+    plan = driver_plan(node, branch="580", source="cuda-repo", cuda_repo_base_url=nvidia_url)
     assert plan["cuda_repo_pin"] is None
