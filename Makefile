@@ -25,7 +25,7 @@ export ANSIBLE_FORCE_COLOR ?= 0
 export NO_COLOR ?= 1
 export PY_COLORS ?= 0
 
-.PHONY: help deps venv dist docs consumers toolkit migparted image repo fleet fleet-down fleet-status controlplane cluster cluster-down demo test lint unit e2e e2e-cluster e2e-nodes molecule molecule-cluster bench clean
+.PHONY: help deps venv dist docs setup builds consumers toolkit migparted image repo fleet fleet-down fleet-status controlplane cluster cluster-down demo test lint unit e2e e2e-cluster e2e-nodes molecule molecule-cluster bench clean
 
 help:
 	@echo "make demo    start the simulated GPU fleet and run the main job on it"
@@ -170,11 +170,22 @@ molecule-cluster: image repo controlplane
 	    GPUFLEET_CLUSTER_GROUP_VARS=$(MOLECULE_CLUSTER)/group_vars; \
 	  molecule test -s cluster
 
-# Two lanes side by side (tests/tools/suite.py), each part's time printed at the end;
-# everything the lanes share is built first. Parts that use the test control plane
-# take turns with it (.cache/cluster.lock).
+# Everything the test lanes share, built first. The node images (debootstrap: mostly
+# downloads and unpacking) are built beside the Go builds (mostly CPU), which run one
+# at a time (a kube-apiserver link alone takes gigabytes); the package repository
+# last, from the toolkit and mig-parted just built. On a warm machine each step only
+# finds its cached result.
+setup: venv
+	$(MAKE) --no-print-directory -j2 --output-sync=target image builds
+	@$(MAKE) --no-print-directory repo
+
+builds: venv
+	MAKEFLAGS= $(MAKE) --no-print-directory consumers toolkit migparted controlplane
+
+# Two lanes side by side (tests/tools/suite.py), each part's time printed at the end.
+# Parts that use the test control plane take turns with it (.cache/cluster.lock).
 TEST_LANES := --lane "lint unit molecule e2e-cluster" --lane "e2e-nodes"
-test: venv consumers toolkit migparted image repo controlplane
+test: setup
 	$(BIN)/python tests/tools/suite.py $(TEST_LANES)
 
 clean: fleet-down

@@ -11,14 +11,16 @@ shown as it comes, prefixed with the part's name and the minutes and seconds sin
 suite began (so a log says where the time went); a lane stops at its first failing part,
 the other lanes go on, so one run reports every lane's failure, and the summary at the
 end first repeats the last lines of each failed part (a log's tail then says why, even when
-another lane went on printing long after). Parts that share something exclusive (the
-test control plane) take a lock for it themselves.
+another lane went on printing long after), and ends with the tests that failed, a line
+each. Parts that share something exclusive (the test control plane) take a lock for it
+themselves.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import re
 import subprocess
 import sys
 import threading
@@ -28,6 +30,8 @@ from pathlib import Path
 
 PROJECT = Path(__file__).resolve().parents[2]
 TAIL = 40  # lines of a failed part repeated in the summary
+# pytest's short summary lines ("FAILED tests/x.py::test_y - why"), kept for the summary.
+_FAILED_TEST = re.compile(r"^(FAILED|ERROR) \S+")
 
 
 @dataclass
@@ -37,6 +41,7 @@ class Part:
     result: str = "not run"
     seconds: float = 0.0
     tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=TAIL))
+    failed_tests: list[str] = field(default_factory=list)
 
 
 _print_lock = threading.Lock()
@@ -64,7 +69,10 @@ def _run_part(part: Part, make: list[str], suite_started: float) -> bool:
     )
     assert process.stdout is not None
     for line in process.stdout:
-        line = f"{_clock(time.monotonic() - suite_started)} {line.removesuffix(chr(10))}"
+        line = line.removesuffix(chr(10))
+        if _FAILED_TEST.match(line):
+            part.failed_tests.append(line[:160])
+        line = f"{_clock(time.monotonic() - suite_started)} {line}"
         part.tail.append(line)
         _say(f"{prefix} {line}\n")
     returncode = process.wait()
@@ -123,6 +131,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  lane {index}: {_minutes(sum(p.seconds for p in lane))}")
     print(f"  wall clock: {_minutes(wall)}")
     failed = [p.target for p in parts if p.result != "passed"]
+    # Last, as a CI log's tail shows only the end: the tests that failed, a line each.
+    for part in parts:
+        if part.failed_tests:
+            print(f"make test: {len(part.failed_tests)} failed in {part.target}:")
+            print("\n".join(f"  {line}" for line in part.failed_tests))
     if failed:
         print(f"make test: FAILED or not run: {', '.join(failed)}")
         return 1
