@@ -187,9 +187,9 @@ def _hold(module, kernel, version, signing_key):
     wrong = kernels.problems(kernel, version, signing_key, release)
     keep = kernels.fallback(kernel, version, signing_key) if wrong else None
     hold = blocked = None
-    overriding = sorted(
-        p for p, v in facts["read_after"].items() if keep and v != facts["entries"][keep]
-    )
+    # Settings files read after gpufleet's hold file that set another default.
+    entry = facts["entries"][keep] if keep else None
+    overriding = sorted(path for path, default in facts["read_after"].items() if default != entry)
     if keep and overriding:
         # grub-mkconfig would read the site's default after gpufleet's: no hold can take.
         blocked = (
