@@ -56,8 +56,6 @@ attributes:
     support: none
   facts:
     support: full
-  facts:
-    support: full
   platform:
     platforms: posix
 author:
