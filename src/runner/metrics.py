@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from prometheus_client import (
     CollectorRegistry,
@@ -44,13 +44,31 @@ NODE_READY_GAUGES = {
 _READY = ("ready", "pre-installed")
 
 
-def _health(r: CollectorRegistry) -> tuple[Gauge, Gauge, Counter, Counter, Gauge]:
-    """The GPUs' health per host (docs/health.md), its remediation under way, the Xid
-    events counted, the remediations ended and the breaker."""
+class _Health(NamedTuple):
+    """The GPUs' health per host and per GPU with a signal (docs/health.md), the host's
+    remediation under way, the Xid events counted, the remediations ended and the
+    breaker."""
+
+    host: Gauge
+    gpu: Gauge
+    remediating: Gauge
+    xids: Counter
+    remediations: Counter
+    breaker: Gauge
+
+
+def _health(r: CollectorRegistry) -> _Health:
     health = Gauge(
         "gpufleet_host_gpu_health",
         "What the host's GPUs ask for (0 none, 1 watch, 2 reset, 3 reboot, 4 replace)",
         ["host"],
+        registry=r,
+    )
+    gpu = Gauge(
+        "gpufleet_gpu_health",
+        "What a GPU with a health signal asks for (0 none, 1 watch, 2 reset, 3 reboot, "
+        "4 replace), by PCI address and UUID; a GPU without a signal has no series",
+        ["host", "gpu", "uuid"],
         registry=r,
     )
     remediating = Gauge(
@@ -78,7 +96,7 @@ def _health(r: CollectorRegistry) -> tuple[Gauge, Gauge, Counter, Counter, Gauge
         "1 while too many hosts ask for GPU remediation at once and none is remediated",
         registry=r,
     )
-    return health, remediating, xids, remediations, breaker
+    return _Health(health, gpu, remediating, xids, remediations, breaker)
 
 
 def _liveness(r: CollectorRegistry) -> Gauge:
@@ -92,6 +110,14 @@ def _liveness(r: CollectorRegistry) -> Gauge:
     )
     last_cycle.set(time.time())
     return last_cycle
+
+
+def _node_ready(r: CollectorRegistry) -> dict[str, Gauge]:
+    """The GPU Operator's node readiness gauges (NODE_READY_GAUGES), by name."""
+    return {
+        name: Gauge(name, f"1 while the host's {'+'.join(stages)} pass", ["node"], registry=r)
+        for name, stages in NODE_READY_GAUGES.items()
+    }
 
 
 class Metrics(Observer):
@@ -138,13 +164,11 @@ class Metrics(Observer):
         self.rollout = Gauge(
             "gpufleet_rollout_hosts", "Hosts in each phase of a rollout", ["phase"], registry=r
         )
-        self.health, self.remediating, self.xids, self.remediations, self.breaker = _health(r)
-        self.node_ready = {
-            name: Gauge(name, f"1 while the host's {'+'.join(stages)} pass", ["node"], registry=r)
-            for name, stages in NODE_READY_GAUGES.items()
-        }
+        self.health = _health(r)
+        self.node_ready = _node_ready(r)
         self._phases: dict[str, str | None] = {}
         self._stages: dict[str, dict[str, str]] = {}
+        self._gpus: dict[str, set[tuple[str, str, str]]] = {}
 
     def serve(self, address: str, port: int) -> None:
         start_http_server(port, addr=address, registry=self.registry)
@@ -162,10 +186,10 @@ class Metrics(Observer):
         self.quarantines.inc()
 
     def xid_logged(self, host: str, xid: int, action: str) -> None:
-        self.xids.labels(host, str(xid), action).inc()
+        self.health.xids.labels(host, str(xid), action).inc()
 
     def remediated(self, host: str, action: str, held: bool) -> None:
-        self.remediations.labels(host, action, "held" if held else "quarantined").inc()
+        self.health.remediations.labels(host, action, "held" if held else "quarantined").inc()
 
     def cycle_finished(self, report: CycleReport) -> None:
         failed = any(o.action == Action.FAILED for o in report.outcomes.values())
@@ -174,15 +198,16 @@ class Metrics(Observer):
         ).inc()
         self.duration.observe(report.finished - report.started)
         self.last_cycle.set(report.finished)
-        self.breaker.set(int(bool(report.health_held)))
+        self.health.breaker.set(int(bool(report.health_held)))
 
     def host_updated(self, record: HostUpdated) -> None:
         for status in HostStatus:
             self.host_status.labels(record.name, status).set(int(record.status == status))
         self.quarantined.labels(record.name).set(int(record.quarantined))
         if record.health:
-            self.health.labels(record.name).set(severity(record.health))
-        self.remediating.labels(record.name).set(int(record.remediating))
+            self.health.host.labels(record.name).set(severity(record.health))
+            self._gpu_series(record)
+        self.health.remediating.labels(record.name).set(int(record.remediating))
         previous = self._stages.get(record.name, {})
         for stage in STAGES:
             old, new = previous.get(stage), record.stages.get(stage)
@@ -206,6 +231,15 @@ class Metrics(Observer):
         self._phases[record.name] = record.rollout_phase
         self._count_phases()
 
+    def _gpu_series(self, record: HostUpdated) -> None:
+        """A series per GPU with a signal; those of GPUs without one any more removed."""
+        now = {(record.name, address, uuid): action for address, uuid, action in record.gpus}
+        for labels in self._gpus.get(record.name, set()) - now.keys():
+            self.health.gpu.remove(*labels)
+        for labels, action in now.items():
+            self.health.gpu.labels(*labels).set(severity(action))
+        self._gpus[record.name] = set(now)
+
     def host_forgotten(self, host: str) -> None:
         """Drop every series of a host no longer in the inventory."""
         for metric in (
@@ -213,15 +247,17 @@ class Metrics(Observer):
             self.stage_status,
             self.quarantined,
             self.changes,
-            self.health,
-            self.remediating,
-            self.xids,
-            self.remediations,
+            self.health.host,
+            self.health.gpu,
+            self.health.remediating,
+            self.health.xids,
+            self.health.remediations,
         ):
             metric.remove_by_labels({"host": host})
         for gauge in self.node_ready.values():
             gauge.remove(host)
         self._stages.pop(host, None)
+        self._gpus.pop(host, None)
         self._phases.pop(host, None)
         self._count_phases()
 

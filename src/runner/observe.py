@@ -37,6 +37,8 @@ class HostUpdated:
     # A GPU reset or reboot the GPUs asked for, under way: the host queued for it or
     # out of service (not halted, not quarantined).
     remediating: bool = False
+    # Each GPU with a health signal: (PCI address, UUID or '', what it asks for).
+    gpus: tuple[tuple[str, str, str], ...] = ()
 
     @classmethod
     def of(cls, record: HostRecord) -> HostUpdated:
@@ -50,6 +52,10 @@ class HostUpdated:
             record.remedy.get("action") in REMEDIATED
             and not record.quarantined
             and record.rollout_phase not in (None, RolloutPhase.HALTED),
+            tuple(
+                (address, str(gpu.get("uuid", "")), str(gpu.get("action", "none")))
+                for address, gpu in sorted((record.health.get("gpus") or {}).items())
+            ),
         )
 
 

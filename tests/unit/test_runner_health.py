@@ -134,6 +134,9 @@ def test_the_loop_keeps_health_records_it_and_shows_it(store: StateStore, capsys
     assert 'gpufleet_xid_events_total{action="reset",host="a",xid="48"} 1.0' in text
     assert 'gpufleet_host_gpu_health{host="a"} 2.0' in text
     assert 'gpufleet_host_gpu_health{host="b"} 0.0' in text
+    # Per GPU, only those with a signal (the reading names no UUID here).
+    per_gpu = [line for line in text.splitlines() if line.startswith("gpufleet_gpu_health{")]
+    assert per_gpu == ['gpufleet_gpu_health{gpu="0000:af:00.0",host="a",uuid=""} 2.0'], per_gpu
 
     show.print_status(store.hosts(), store.cluster(), store.rollouts(), clock())
     out = capsys.readouterr().out
@@ -148,6 +151,9 @@ def test_the_loop_keeps_health_records_it_and_shows_it(store: StateStore, capsys
     assert [e.summary for e in store.history() if e.kind == HistoryKind.HEALTH][-1] == (
         "GPU 0000:af:00.0: no signal any more"
     )
+    text = generate_latest(metrics.registry).decode()
+    assert 'gpufleet_host_gpu_health{host="a"} 0.0' in text
+    assert "gpufleet_gpu_health{" not in text
 
 
 def test_what_is_owed_keeps_who_the_gpus_are_and_an_xid_takes_its_gpus():
@@ -178,3 +184,30 @@ def test_what_is_owed_keeps_who_the_gpus_are_and_an_xid_takes_its_gpus():
     # Nothing read of who they are: the record is as before, and so is the text.
     bare = health.owed(None, lost, 20.0, None, 0.0)
     assert bare is not None and "ids" not in bare.stored() and bare.evidence == bare.text
+
+
+def test_a_gpus_series_names_it_by_address_and_uuid_and_goes_with_its_host():
+    from runner.observe import HostUpdated
+    from runner.state import HostRecord
+
+    metrics = Metrics()
+    record = HostRecord("a")
+    record.health = health.stored(
+        {
+            "action": "replace",
+            "gpus": {
+                A100: {
+                    "action": "replace",
+                    "signals": [signal("remap-failure", "replace", "no spare rows")],
+                    "uuid": "GPU-0a1b",
+                },
+                T4: {"action": "watch", "signals": [signal("pcie-width", "watch", "x8 of x16")]},
+            },
+        }
+    )
+    metrics.host_updated(HostUpdated.of(record))
+    text = generate_latest(metrics.registry).decode()
+    assert 'gpufleet_gpu_health{gpu="0000:af:00.0",host="a",uuid="GPU-0a1b"} 4.0' in text
+    assert 'gpufleet_gpu_health{gpu="0000:3b:00.0",host="a",uuid=""} 1.0' in text
+    metrics.host_forgotten("a")
+    assert "gpufleet_gpu_health{" not in generate_latest(metrics.registry).decode()
