@@ -320,7 +320,14 @@ def test_a_real_prometheus_scrapes_the_fleet_loads_the_rules_and_an_alert_fires(
                 answered[panel["title"]] = bool(
                     _prometheus_api(prometheus_port, f"query?{query}")["result"]
                 )
-        for title in ("Hosts converged", "Hosts by status", "Stage readiness", "GPU utilisation"):
+        for title in (
+            "Hosts converged",
+            "Hosts by status",
+            "Stage readiness",
+            "GPUs asking for action",
+            "Remediation held by the breaker",
+            "GPU utilisation",
+        ):
             assert answered[title], f"dashboard panel {title!r} has no data"
     finally:
         prometheus.terminate()
