@@ -30,8 +30,9 @@ from pathlib import Path
 
 PROJECT = Path(__file__).resolve().parents[2]
 TAIL = 40  # lines of a failed part repeated in the summary
-# pytest's short summary lines ("FAILED tests/x.py::test_y - why"), kept for the summary.
-_FAILED_TEST = re.compile(r"^(FAILED|ERROR) \S+")
+# pytest's short summary lines ("FAILED tests/x.py::test_y - why", "ERROR tests/x.py"
+# for a module that could not be collected), kept for the summary.
+_FAILED_TEST = re.compile(r"^(FAILED|ERROR) \S+\.py(::\S+)?( - |$)")
 
 
 @dataclass
@@ -116,8 +117,12 @@ def main(argv: list[str] | None = None) -> int:
         thread.start()
     for thread in threads:
         thread.join()
-    wall = time.monotonic() - started
+    return _summary(lanes, time.monotonic() - started)
 
+
+def _summary(lanes: list[list[Part]], wall: float) -> int:
+    """Print the failed parts' last lines, each part's time and the failed tests; the
+    suite's exit status."""
     parts = [part for lane in lanes for part in lane]
     for part in parts:
         if part.result.startswith("FAILED"):
