@@ -230,7 +230,7 @@ def test_profiles_all_list_through_the_real_tool(gpu_node):
         assert names == [g.product_name for g in prof.gpus], name
 
 
-@pytest.mark.parametrize("version", ["1.17.8", "1.18.0", "1.19.1"])
+@pytest.mark.parametrize("version", ["1.17.8", "1.18.0", "1.19.1", "1.20.0"])
 def test_nvidia_ctk_generates_a_cdi_spec_for_every_profile(gpu_node, mock_nvml, version):
     """NVIDIA's nvidia-ctk (built from its Go module) describes each profile's GPUs.
 

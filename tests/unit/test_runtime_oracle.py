@@ -48,9 +48,9 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils import (  # type: 
 from conftest import PROJECT
 
 BUILD = PROJECT / "tests" / "sim" / "toolkit" / "build.sh"
-VERSIONS = ["1.17.8", "1.18.0", "1.19.1"]
+VERSIONS = ["1.17.8", "1.18.0", "1.19.1", "1.20.0"]
 # Those that write containerd and CRI-O changes only through a drop-in (`theirs_layout`).
-DROP_IN_ONLY = ("1.18.0", "1.19.1")
+DROP_IN_ONLY = ("1.18.0", "1.19.1", "1.20.0")
 ABSENT = "<absent>"
 Leaves = dict[tuple[str, ...], Any]
 
@@ -241,7 +241,7 @@ def theirs_layout(case: Case, toolkit: Toolkit) -> tuple[str, str | None]:
     """(--config, --drop-in-config) for nvidia-ctk; None: a version without that flag.
 
     1.17 has no drop-ins: it edits the one file it is given (for CRI-O's drop-in case,
-    the drop-in). 1.18 and 1.19 edit containerd v2/v3 and CRI-O only through a drop-in (in place
+    the drop-in). 1.18 to 1.20 edit containerd v2/v3 and CRI-O only through a drop-in (in place
     it loses the runtime, or all of crio.conf), and a v1 containerd config only in place
     (a v1 drop-in it writes is imported by nothing): both pinned at the end of this file.
     """
@@ -391,13 +391,13 @@ def imports(run: Run, before: list[str]) -> list[Difference]:
             before,
             "layout",
             "our drop-in is imported from config.toml; nvidia-ctk 1.17 has no drop-ins "
-            "(nor 1.18 and 1.19 for a v1 config) and edits config.toml itself",
+            "(nor 1.18 to 1.20 for a v1 config) and edits config.toml itself",
         )
     elif not before or run.toolkit.version != "1.18.0":
         theirs_value, kind, why = (
             [*before, DROP_IN_GLOB],
             "layout",
-            "nvidia-ctk 1.18 and 1.19 write containerd v2/v3 only as a drop-in imported "
+            "nvidia-ctk 1.18 to 1.20 write containerd v2/v3 only as a drop-in imported "
             "from config.toml; we were asked to edit config.toml in place",
         )
     else:
@@ -883,7 +883,7 @@ def test_same_meaning_as_nvidia_ctk(
 
 
 def test_nvidia_ctk_in_place_containerd_v2(toolkit: Toolkit, tmp_path: Path) -> None:
-    """1.17 edits config.toml; 1.18.0 and 1.19.1 cannot: the runtime is lost, its own dir
+    """1.17 edits config.toml; 1.18.0, 1.19.1 and 1.20.0 cannot: the runtime is lost, its own dir
     imported.
 
     They write every v2/v3 change as a drop-in; with an empty --drop-in-config they
@@ -908,7 +908,7 @@ def test_nvidia_ctk_in_place_containerd_v2(toolkit: Toolkit, tmp_path: Path) -> 
 
 
 def test_nvidia_ctk_in_place_crio(toolkit: Toolkit, tmp_path: Path) -> None:
-    """1.17 edits crio.conf; 1.18.0 and 1.19.1 replace crio.conf with the nvidia handler
+    """1.17 edits crio.conf; 1.18.0, 1.19.1 and 1.20.0 replace crio.conf with the nvidia handler
     alone."""
     lay_out(tmp_path, {CRIO: CRIO_CONF})
     drop_in = "" if toolkit.drop_in_flag else None
@@ -927,11 +927,11 @@ def test_nvidia_ctk_in_place_crio(toolkit: Toolkit, tmp_path: Path) -> None:
 
 
 def test_nvidia_ctk_drop_in_for_a_v1_containerd_config(toolkit: Toolkit, tmp_path: Path) -> None:
-    """1.17 has no --drop-in-config; 1.18.0 and 1.19.1 write a v1 drop-in that nothing
+    """1.17 has no --drop-in-config; 1.18.0, 1.19.1 and 1.20.0 write a v1 drop-in that nothing
     imports.
 
     containerd reads `imports` whatever the config's version (1.7's LoadConfig), and our
-    module imports its v1 drop-in; nvidia-ctk 1.18 and 1.19 leave config.toml as it was.
+    module imports its v1 drop-in; nvidia-ctk 1.18 to 1.20 leave config.toml as it was.
     """
     lay_out(tmp_path, {CONTAINERD: V1})
     ctk = ctk_configure(
