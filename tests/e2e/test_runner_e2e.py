@@ -324,7 +324,6 @@ def test_a_real_prometheus_scrapes_the_fleet_loads_the_rules_and_an_alert_fires(
             "Hosts converged",
             "Hosts by status",
             "Stage readiness",
-            "GPUs asking for action",
             "Remediation held by the breaker",
             "GPU utilisation",
         ):
