@@ -69,10 +69,10 @@ def test_simulated_pci_tree_has_the_profile_devices(host):
     assert (len(gpus), len(switches)) == ((8, 4) if _is_gpu_node(host) else (0, 0))
 
 
-def test_local_repository_is_reachable_and_offers_two_toolkit_versions(host):
+def test_local_repository_is_reachable_and_offers_the_toolkit_versions(host):
     policy = host.check_output("apt-cache policy nvidia-container-toolkit")
-    assert "Candidate: 1.19.1-1" in policy
-    assert "1.17.8-1" in policy
+    assert "Candidate: 1.20.0-1" in policy
+    assert "1.17.8-1" in policy and "1.19.1-1" in policy
     assert f"file:{REPO}" in policy
 
 

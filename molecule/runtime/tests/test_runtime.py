@@ -156,7 +156,7 @@ def test_a_bad_runtime_name_writes_nothing(host, name):
 # keeps the packaged binary beside it (dpkg installs every version's there).
 CTK = "/usr/bin/nvidia-ctk"
 FAILING_CTK = f"""#!/bin/sh
-if [ "$1" = cdi ] && {CTK}.real --version | grep -q 'version 1.19.1'; then
+if [ "$1" = cdi ] && {CTK}.real --version | grep -q 'version 1.20.0'; then
   echo 'level=error msg="failed to generate CDI spec: test fault"' >&2
   exit 1
 fi
@@ -165,7 +165,7 @@ exec {CTK}.real "$@"
 
 
 def test_a_toolkit_change_that_fails_is_rolled_back(host):
-    """1.19.1's nvidia-ctk fails to generate the CDI spec: the stage puts the 1.17.8
+    """1.20.0's nvidia-ctk fails to generate the CDI spec: the stage puts the 1.17.8
     packages back from apt's cache, held, with their pin; the spec stays as it was."""
     spec = host.file("/etc/cdi/nvidia.yaml").content_string
     pin = host.file(TOOLKIT_PIN).content_string
@@ -175,7 +175,7 @@ def test_a_toolkit_change_that_fails_is_rolled_back(host):
         f" && printf %s {shlex.quote(FAILING_CTK)} > {CTK} && chmod 755 {CTK}",
     )
     try:
-        run = converge(["-e", "toolkit_version=1.19.1"], SITE, expect_rc=2)
+        run = converge(["-e", "toolkit_version=1.20.0"], SITE, expect_rc=2)
     finally:
         host.run_expect([0], f"rm -f {CTK} && dpkg-divert --quiet --local --rename --remove {CTK}")
     stage = outcome(run, "toolkit_stage")
@@ -232,3 +232,30 @@ def test_toolkit_upgrade_and_cdi_spec_follows_the_driver(host):
     assert outcome(run, "validator_stage")["toolkit"].endswith(
         "(NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=all)"
     )
+
+
+def test_the_refresh_units_move_to_lib_with_1_20_and_stay_ours(host):
+    """1.20.0, the default a new node gets, moved its refresh units from
+    /etc/systemd/system to /lib/systemd/system (its package removes the old conffiles
+    and enables the units through debhelper). Upgrading from 1.19.1 leaves both
+    enabled, the watch running and the service writing our spec; a second run
+    changes nothing."""
+    run = converge(["-e", "toolkit_version=1.20.0"], SITE)
+    assert outcome(run, "toolkit_stage")["version"] == "1.20.0"
+    for package in TOOLKIT:
+        assert host.package(package).version.startswith("1.20.0-"), package
+    assert not host.file("/etc/systemd/system/nvidia-cdi-refresh.service").exists
+    assert not host.file("/etc/systemd/system/nvidia-cdi-refresh.path").exists
+    unit = host.check_output("systemctl show -P FragmentPath nvidia-cdi-refresh.service")
+    assert unit in (
+        "/lib/systemd/system/nvidia-cdi-refresh.service",
+        "/usr/lib/systemd/system/nvidia-cdi-refresh.service",
+    )
+    assert host.service("nvidia-cdi-refresh.path").is_enabled
+    assert host.service("nvidia-cdi-refresh.path").is_running
+    assert host.service("nvidia-cdi-refresh.service").is_enabled
+    environment = host.check_output("systemctl show -P Environment nvidia-cdi-refresh.service")
+    assert "NVIDIA_CTK_CDI_OUTPUT_FILE_PATH=/etc/cdi/nvidia.yaml" in environment.split()
+    assert outcome(run, "validator_stage")["status"] == "ready"
+    again = converge(["-e", "toolkit_version=1.20.0"], SITE)
+    assert again["stats"]["gpufleet-rt-t4"]["changed"] == 0

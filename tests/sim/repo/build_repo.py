@@ -14,7 +14,8 @@ Package names, versions and installed paths are the upstream ones. `nvidia-ctk`,
 NVIDIA's own, built from the container toolkit's Go module at each version
 (tests/sim/toolkit/build.sh), with the default config.toml that `nvidia-ctk config
 default` writes, and from 1.18 on the toolkit's own CDI refresh units, their
-environment file and its base package's postinst, taken from the same module; the
+environment file and its base package's postinst, taken from the same module (where
+its .install file puts them, with what debhelper adds to the maintainer scripts); the
 other contents (libnvidia-container, DCGM, dcgm-exporter, the fabric manager) are
 small stand-ins (tests/sim/repo/standins) that behave enough like
 upstream for the roles. Each
@@ -41,7 +42,10 @@ CUDA_REPO_DEBIAN13 = "cuda/repos/debian13"
 # The signing key's fingerprint, at the top of the built tree (not served to nodes
 # as anything they trust: the inventory pins it, see tests/sim/fleet.py).
 FINGERPRINT_FILE = "signing-key.fingerprint"
-TOOLKIT_VERSIONS = ("1.17.8-1", "1.19.1-1")
+# The newest is the default a node installs; 1.17.8 is the older release the upgrade
+# and rollback tests start from, and 1.19.1 the last to keep its refresh units in
+# /etc/systemd/system (1.20 moved them).
+TOOLKIT_VERSIONS = ("1.17.8-1", "1.19.1-1", "1.20.0-1")
 DCGM_VERSION = "1:3.3.9"
 EXPORTER_VERSION = "3.3.9-3.6.1-1"
 # Fabric manager must match the driver version exactly: one build per driver the
@@ -74,6 +78,8 @@ DH_ENABLE = (
     'if [ "$1" = configure ]; then deb-systemd-helper enable nvidia-mig-manager.service '
     ">/dev/null || true; fi"
 )
+# The toolkit's base package: its Debian packaging directory in the Go module.
+TOOLKIT_DEBIAN = "packaging/debian/"
 
 
 @functools.cache
@@ -126,6 +132,9 @@ class Package:
     conffiles: tuple[str, ...] = ()
     # maintainer script name (postinst, ...) -> source
     scripts: dict[str, str] = field(default_factory=dict)
+    # maintainer script name -> what debhelper adds to it (at #DEBHELPER#, or as the
+    # whole script where upstream has none)
+    debhelper: dict[str, str] = field(default_factory=dict)
 
 
 def _upstream(version: str) -> str:
@@ -143,22 +152,22 @@ def packages() -> list[Package]:
             "/etc/nvidia-container-runtime/config.toml": (DEFAULT_CONFIG, 0o644),
         }
         base_scripts: dict[str, str] = {}
+        base_debhelper: dict[str, str] = {}
         base_conffiles = ["/etc/nvidia-container-runtime/config.toml"]
         if tuple(int(part) for part in up.split(".")) >= (1, 18):
             # The CDI refresh units first ship with toolkit 1.18, where its Debian
-            # packaging puts them (nvidia-container-toolkit-base.install), enabled and
-            # started by its postinst.
-            refresh = {
-                "/etc/systemd/system/nvidia-cdi-refresh.service": "nvidia-cdi-refresh.service",
-                "/etc/systemd/system/nvidia-cdi-refresh.path": "nvidia-cdi-refresh.path",
-                "/etc/nvidia-container-toolkit/nvidia-cdi-refresh.env": "nvidia-cdi-refresh.env",
-            }
+            # packaging puts them (nvidia-container-toolkit-base.install): 1.18 and 1.19
+            # in /etc/systemd/system, enabled and started by its postinst; 1.20 in
+            # /lib/systemd/system, left to debhelper (below).
+            refresh = _toolkit_refresh_files(up)
             for path, name in refresh.items():
                 tool_files[path] = (TOOLKIT_SOURCE + "deployments/systemd/" + name, 0o644)
-            base_conffiles += list(refresh)
+            # dh_installdeb makes every file under /etc a conffile.
+            base_conffiles += [path for path in refresh if path.startswith("/etc/")]
             base_scripts["postinst"] = (
-                TOOLKIT_SOURCE + "packaging/debian/nvidia-container-toolkit-base.postinst"
+                TOOLKIT_SOURCE + TOOLKIT_DEBIAN + "nvidia-container-toolkit-base.postinst"
             )
+            base_debhelper = _toolkit_debhelper(up, version, refresh)
         result += [
             Package(
                 "libnvidia-container1",
@@ -184,6 +193,7 @@ def packages() -> list[Package]:
                 files=tool_files,
                 conffiles=tuple(base_conffiles),
                 scripts=base_scripts,
+                debhelper=base_debhelper,
             ),
             Package(
                 "nvidia-container-toolkit",
@@ -274,6 +284,7 @@ def packages() -> list[Package]:
                 "postinst": MIG + systemd + "packages/debian/postinst",
                 "postrm": MIG + systemd + "packages/debian/postrm",
             },
+            debhelper={"postinst": DH_ENABLE},
         )
     )
     # NVIDIA's CUDA repository also carries driver packages under Debian's names, at
@@ -306,6 +317,69 @@ def packages() -> list[Package]:
             )
         )
     return result
+
+
+def _toolkit_refresh_files(upstream_version: str) -> dict[str, str]:
+    """Installed path -> file of deployments/systemd, for the refresh units and their
+    environment file, where the base package's .install file puts them."""
+    debian = toolkit_source(upstream_version) / TOOLKIT_DEBIAN
+    install = debian / "nvidia-container-toolkit-base.install"
+    found = {}
+    for line in install.read_text().splitlines():
+        name, _, directory = line.partition(" ")
+        if name.startswith("nvidia-cdi-refresh."):
+            found[directory.strip().rstrip("/") + "/" + name] = name
+    if len(found) != 3:
+        raise RuntimeError(f"{install}: expected the three refresh files, found {found}")
+    return found
+
+
+def _toolkit_debhelper(
+    upstream_version: str, version: str, refresh: dict[str, str]
+) -> dict[str, str]:
+    """What debhelper adds to the base package's maintainer scripts: the calls of
+    dpkg-maintscript-helper its .maintscript file asks for (at @VERSION@, the package
+    version, as its debian/prepare substitutes), and, where its rules build with
+    dh --with systemd (1.20 on, compatibility level 9: dh_systemd_enable and
+    dh_systemd_start), the enabling, starting and stopping of the units it installs
+    under /lib/systemd/system."""
+    debian = toolkit_source(upstream_version) / TOOLKIT_DEBIAN
+    added: dict[str, list[str]] = {}
+    maintscript = debian / "nvidia-container-toolkit-base.maintscript"
+    if maintscript.is_file():
+        for line in maintscript.read_text().replace("@VERSION@", version).splitlines():
+            if line.strip():
+                for script in ("preinst", "postinst", "postrm"):
+                    added.setdefault(script, []).append(
+                        f'dpkg-maintscript-helper {line.strip()} -- "$@"'
+                    )
+    units = " ".join(
+        path.rsplit("/", 1)[1] for path in refresh if path.startswith("/lib/systemd/system/")
+    )
+    if units and "--with systemd" in (debian / "rules").read_text():
+        added.setdefault("postinst", []).append(
+            'if [ "$1" = configure ]; then\n'
+            f"  for unit in {units}; do deb-systemd-helper enable $unit >/dev/null || true; done\n"
+            "  if [ -d /run/systemd/system ]; then\n"
+            "    systemctl --system daemon-reload >/dev/null || true\n"
+            f"    deb-systemd-invoke start {units} >/dev/null || true\n"
+            "  fi\n"
+            "fi"
+        )
+        added.setdefault("prerm", []).append(
+            "if [ -d /run/systemd/system ]; then\n"
+            f"  deb-systemd-invoke stop {units} >/dev/null || true\n"
+            "fi"
+        )
+        added.setdefault("postrm", []).append(
+            'if [ "$1" = remove ] && [ -d /run/systemd/system ]; then\n'
+            "  systemctl --system daemon-reload >/dev/null || true\n"
+            "fi\n"
+            'if [ "$1" = purge ]; then\n'
+            f"  for unit in {units}; do deb-systemd-helper purge $unit >/dev/null || true; done\n"
+            "fi"
+        )
+    return {script: "\n".join(lines) for script, lines in added.items()}
 
 
 def _run(cmd: list[str], **kwargs: object) -> None:
@@ -366,17 +440,18 @@ def _build_deb(pkg: Package, standins: Path, work: Path, out_dir: Path) -> None:
     (root / "DEBIAN" / "control").write_text("\n".join(control) + "\n")
     if pkg.conffiles:
         (root / "DEBIAN" / "conffiles").write_text("\n".join(pkg.conffiles) + "\n")
-    for script, source in pkg.scripts.items():
-        # debhelper adds the service's enabling to mig-manager's script; the toolkit's
-        # installs its units as plain files, for which it adds nothing.
+    for script in sorted({*pkg.scripts, *pkg.debhelper}):
+        source = pkg.scripts.get(script, "")
         if source.startswith(MIG):
             text = (migparted_dir() / source.removeprefix(MIG)).read_text()
-            text = text.replace("#DEBHELPER#", DH_ENABLE)
         elif source.startswith(TOOLKIT_SOURCE):
             text = (toolkit_source(upstream) / source.removeprefix(TOOLKIT_SOURCE)).read_text()
-            text = text.replace("#DEBHELPER#", "")
+        elif not source:
+            # dh_installdeb's own frame for a script the package does not have.
+            text = "#!/bin/sh\nset -e\n#DEBHELPER#\nexit 0\n"
         else:
             raise ValueError(f"{pkg.name} {script}: maintainer scripts come from upstream")
+        text = text.replace("#DEBHELPER#", pkg.debhelper.get(script, ""))
         target = root / "DEBIAN" / script
         target.write_text(text)
         target.chmod(0o755)
