@@ -5,10 +5,10 @@ oracle: two A100s laid out in MIG devices by the mig stage on Debian 13's own dr
 (550), and a CPU-only head node running slurmctld 24.11.
 
 The whole of site.yml runs on the GPU node through the reconciler (Debian 13's
-containerd 1.7, toolkit, exporter included), then Slurm's own `AutoDetect=nvml`, on the
-mock NVML, says which GPUs it sees: gpufleet's gres.conf must name the same devices
-with the same types, and slurmctld 24.11 must take it (it refuses a Cores= that holds
-part of a socket, as the NUMA affinity of this machine's GPUs does).
+containerd 1.7 and Docker 26, toolkit, exporter included), then Slurm's own
+`AutoDetect=nvml`, on the mock NVML, says which GPUs it sees: gpufleet's gres.conf must
+name the same devices with the same types, and slurmctld 24.11 must take it (it refuses
+a Cores= that holds part of a socket, as the NUMA affinity of this machine's GPUs does).
 """
 
 from __future__ import annotations
@@ -27,7 +27,14 @@ from test_runner_e2e import FLEET, Fleet, start_fleet
 HEAD, MIG = "nvml-head", "nvml-a100"
 NODES = {HEAD: "none@trixie", MIG: "a100-mig@trixie"}
 SLURM = [*FLEET, "slurm", HEAD, MIG]
-VARIABLES = {"slurm_gres_manage": True, "mig_config": "all-balanced"}
+VARIABLES = {
+    "slurm_gres_manage": True,
+    "mig_config": "all-balanced",
+    "runtime_config_install": ["containerd", "docker"],
+}
+# The site's own Docker settings, there before Docker is: a node that runs Docker without
+# its bridge network, as this unprivileged node must (no iptables, no overlay mounts).
+SITE_DOCKER = {"iptables": False, "ip6tables": False, "bridge": "none", "storage-driver": "vfs"}
 TYPES = ["nvidia_a100_1g.5gb:4", "nvidia_a100_2g.10gb:2", "nvidia_a100_3g.20gb:2"]
 
 pytestmark = pytest.mark.fleet
@@ -40,6 +47,18 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     (inventory / "host_vars").mkdir()
     (inventory / "host_vars" / f"{MIG}.yml").write_text(json.dumps(VARIABLES) + "\n")
     subprocess.run(SLURM, check=True)
+    daemon = json.dumps(SITE_DOCKER)
+    subprocess.run(
+        [
+            "podman",
+            "exec",
+            MIG,
+            "sh",
+            "-c",
+            f"mkdir -p /etc/docker && echo '{daemon}' > /etc/docker/daemon.json",
+        ],
+        check=True,
+    )
     try:
         yield Fleet(inventory, work / "state")
     finally:
@@ -71,6 +90,14 @@ def test_the_whole_site_converges_on_debian_13_with_its_own_driver(fleet: Fleet)
     assert record["mig_layout"] == "all-balanced"
     containerd = fleet.on_node(MIG, "containerd", "--version").stdout.split()[2]
     assert containerd.startswith("1.7."), containerd
+    # Debian 13's Docker 26, installed by the role (which asks `dockerd --validate`
+    # about the new daemon.json before the restart), runs with it: the nvidia runtime
+    # is there and the site's settings stay.
+    info = json.loads(fleet.on_node(MIG, "docker", "info", "--format", "{{json .}}").stdout)
+    assert info["ServerVersion"].startswith("26."), info["ServerVersion"]
+    assert info["Runtimes"]["nvidia"]["path"] == "/usr/bin/nvidia-container-runtime"
+    daemon = json.loads(fleet.on_node(MIG, "cat", "/etc/docker/daemon.json").stdout)
+    assert {key: daemon[key] for key in SITE_DOCKER} == SITE_DOCKER
 
 
 def test_with_the_rendered_line_slurm_24_11_registers_the_node_and_runs_a_mig_job(

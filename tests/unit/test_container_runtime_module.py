@@ -207,3 +207,27 @@ def test_a_plan_before_tomlkit_is_installed_predicts_the_change_and_asks_the_run
     planned = run_module(fresh, "--check")
     assert (planned["running_containers"], planned["restart_disrupts"]) == (0, False), planned
     assert planned["restart_impact"] == "containerd is not installed yet: nothing runs on it"
+
+
+def test_a_daemon_json_laid_down_before_docker_is_installed_disrupts_nothing(tmp_path, monkeypatch):
+    """A site may write daemon.json before Docker is installed (the role installs it in
+    the apply): with no client, socket or daemon, nothing runs on Docker, so the change
+    is not disruptive. With Docker's daemon there but its client missing, Docker cannot
+    be asked, which counts as disruptive as before."""
+    system = "/usr/bin:/bin:/usr/sbin:/sbin:/usr/local/sbin"
+    assert shutil.which("docker", path=system) is None, "a machine without Docker's client"
+    assert shutil.which("dockerd", path=system) is None, "nor its daemon"
+    assert not Path("/run/docker.sock").exists(), "nor Docker running"
+    daemon_json = tmp_path / "daemon.json"
+    daemon_json.write_text('{"bridge": "none"}\n')
+    args = {"runtime": "docker", "config_path": str(daemon_json)}
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    planned = run_module(args, "--check")
+    assert planned["changed"] is True, planned
+    assert (planned["running_containers"], planned["restart_disrupts"]) == (0, False), planned
+    assert planned["restart_impact"] == "docker is not installed yet: nothing runs on it"
+    bin_dir = _clients(tmp_path / "bin", dockerd="exit 0\n")
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    planned = run_module(args, "--check")
+    assert (planned["running_containers"], planned["restart_disrupts"]) == (None, True), planned
+    assert planned["restart_impact"] == "docker could not be asked what runs on it"

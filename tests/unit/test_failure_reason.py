@@ -25,6 +25,18 @@ FAIL_TASK = {
     "slurm_gres_manage to false.",
 }
 COMMAND = {"msg": "non-zero return code", "rc": 3, "stderr": "err\n  more", "stdout": "out"}
+# A command that is not installed (ansible-core 2.19's whole result for argv [docker, info]
+# on a node without Docker's client).
+NOT_FOUND = {
+    "changed": False,
+    "cmd": "docker info",
+    "exception": "(traceback unavailable)",
+    "failed": True,
+    "msg": "Error executing command.",
+    "rc": 2,
+    "stderr": "",
+    "stdout": "",
+}
 
 
 @pytest.mark.parametrize(
@@ -48,8 +60,14 @@ COMMAND = {"msg": "non-zero return code", "rc": 3, "stderr": "err\n  more", "std
         ),
         (COMMAND, "Run it", ("stderr", "stdout"), "Run it: non-zero return code err more out"),
         ({}, "Run it", (), "Run it: failed"),
+        (
+            NOT_FOUND,
+            "",
+            (),
+            "Error executing command. (docker info: No such file or directory)",
+        ),
     ],
-    ids=["filter", "conditional", "fail-task", "command", "no-message"],
+    ids=["filter", "conditional", "fail-task", "command", "no-message", "not-found"],
 )
 def test_a_reason_is_in_the_words_of_whoever_failed(result, task, fields, reason):
     assert failure_reason(result, task, fields) == reason

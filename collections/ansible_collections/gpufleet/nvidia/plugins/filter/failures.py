@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 # What ansible-core wraps around an error raised while it templates a task (a
@@ -27,6 +28,15 @@ def unwrap(message):
     return text, text != message
 
 
+# ansible-core's message for a command its module could not start (not found, not
+# executable), with the errno as rc and nothing else.
+NOT_RUN = "Error executing command."
+
+
+def _command(cmd):
+    return " ".join(str(part) for part in cmd) if isinstance(cmd, (list, tuple)) else str(cmd)
+
+
 def _truncate(text, limit, leeway=5):
     """As Jinja's truncate filter cuts (at a word, "..." after it, a few characters
     of leeway), which the stages used before this filter."""
@@ -43,6 +53,12 @@ def failure_reason(result, task="", fields=(), limit=300):
     templating stands alone, in the words the role wrote."""
     result = result or {}
     text, wrapped = unwrap(str(result.get("msg") or "failed"))
+    if text == NOT_RUN and result.get("cmd") and isinstance(result.get("rc"), int):
+        # A command that could not be started: which one, and the system's error
+        # (its rc is the errno; ansible-core says no more).
+        rc = result["rc"]
+        why = os.strerror(rc) if 0 < rc < 256 else f"rc {rc}"
+        text = f"{text} ({_command(result['cmd'])}: {why})"
     extra = [str(result.get(name) or "") for name in fields]
     text = _truncate(re.sub(r"\s+", " ", " ".join([text, *extra])).strip(), int(limit))
     return f"{task}: {text}" if task and not wrapped else text

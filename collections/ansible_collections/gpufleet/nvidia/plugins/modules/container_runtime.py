@@ -262,15 +262,24 @@ SOCKETS = {
 }
 
 
+# Docker's daemon: a site may lay down daemon.json before Docker is installed (a k3s or
+# RKE2 containerd has its config and no binary of its own on PATH, so only Docker's
+# daemon says whether it is installed where its config is there).
+DAEMONS = {"docker": "dockerd"}
+
+
 def _restart_impact(module, runtime, config_path):
     """(running containers or None, restart disrupts them, in words)."""
     if (
-        not os.path.exists(config_path)
-        and module.get_bin_path(CLIENTS[runtime]) is None
+        module.get_bin_path(CLIENTS[runtime]) is None
         and not any(os.path.exists(socket) for socket in SOCKETS[runtime])
+        and (
+            not os.path.exists(config_path)
+            or (runtime in DAEMONS and module.get_bin_path(DAEMONS[runtime]) is None)
+        )
     ):
-        # No configuration, no client, no socket: the runtime is not installed yet (the
-        # role installs it in the apply), so nothing runs on it.
+        # No client, no socket, and no configuration (or no daemon): the runtime is not
+        # installed yet (the role installs it in the apply), so nothing runs on it.
         return 0, False, f"{runtime} is not installed yet: nothing runs on it"
     if runtime == "docker":
         out = _ask(
