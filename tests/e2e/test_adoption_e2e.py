@@ -66,6 +66,21 @@ def on_node(*command: str) -> str:
     return done.stdout.strip()
 
 
+def write_site_containerd_config() -> str:
+    """The site's config.toml: containerd's default with the site's changes."""
+    config = on_node("/usr/local/bin/containerd", "config", "default") + "\n"
+    for stock, site in SITE_CONTAINERD:
+        assert stock in config, stock
+        config = config.replace(stock, site)
+    subprocess.run(
+        ["podman", "exec", "-i", NODE, "sh", "-c", "cat > /etc/containerd/config.toml"],
+        input=config,
+        text=True,
+        check=True,
+    )
+    return config
+
+
 def install_containerd() -> None:
     """containerd 2.4 as a site installs upstream's release: the binaries in
     /usr/local/bin, the unit in /usr/local/lib/systemd/system, containerd's default
@@ -82,16 +97,7 @@ def install_containerd() -> None:
     files["/usr/local/lib/systemd/system/containerd.service"] = release / "containerd.service"
     for target, source in files.items():
         subprocess.run(["podman", "cp", str(source), f"{NODE}:{target}"], check=True)
-    config = on_node("/usr/local/bin/containerd", "config", "default") + "\n"
-    for stock, site in SITE_CONTAINERD:
-        assert stock in config, stock
-        config = config.replace(stock, site)
-    subprocess.run(
-        ["podman", "exec", "-i", NODE, "sh", "-c", "cat > /etc/containerd/config.toml"],
-        input=config,
-        text=True,
-        check=True,
-    )
+    write_site_containerd_config()
     on_node("systemctl", "daemon-reload")
     on_node("systemctl", "enable", "--now", "containerd")
 
@@ -201,6 +207,42 @@ def test_reconcile_adopts_the_node_keeping_its_driver_and_the_sites_settings(sit
     again = site.gpufleet("reconcile", "--once", *WHERE)
     assert again.stdout.startswith("cycle: 1 probed, 0 planned, 0 applied"), again.stdout
     assert driver_seen() == driver
+
+
+def test_the_site_moves_the_runtime_into_the_drop_in_directory_its_containerd_imports(
+    site: Site,
+):
+    """The site's configuration management takes config.toml back (its own file, without
+    gpufleet's runtime) and names a drop-in for gpufleet in the directory containerd
+    2.4's own config imports: the runtime goes there, config.toml is left as the site
+    wrote it, and the restarted containerd has the runtime, read from the drop-in."""
+    drop_in = "/etc/containerd/conf.d/99-nvidia.toml"
+    host_vars = site.directory / "inventory" / "host_vars" / f"{NODE}.yml"
+    host_vars.write_text(
+        host_vars.read_text() + f"runtime_config_containerd_drop_in_path: {drop_in}\n"
+    )
+    site_config = write_site_containerd_config()
+    before = on_node("systemctl", "show", "-P", "MainPID", "containerd")
+    result = site.gpufleet("reconcile", "--once", *WHERE)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "desired state changed" in result.stdout, result.stdout
+    written = tomllib.loads(on_node("cat", drop_in))
+    assert written["version"] == 4
+    runtimes = written["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]["runtimes"]
+    assert runtimes["nvidia"]["options"]["BinaryName"] == "/usr/bin/nvidia-container-runtime"
+    # Its stock import already covers the drop-in: the site's file is not touched.
+    assert on_node("cat", "/etc/containerd/config.toml") + "\n" == site_config
+    assert on_node("systemctl", "show", "-P", "MainPID", "containerd") not in ("0", before)
+    seen = tomllib.loads(on_node("containerd", "config", "dump"))
+    cri = seen["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]
+    options = cri["runtimes"]["nvidia"]["options"]
+    assert (options["BinaryName"], options["SystemdCgroup"]) == (
+        "/usr/bin/nvidia-container-runtime",
+        True,
+    )
+
+    again = site.gpufleet("reconcile", "--once", *WHERE)
+    assert again.stdout.startswith("cycle: 1 probed, 0 planned, 0 applied"), again.stdout
 
 
 def test_the_web_server_in_the_sites_inventory_was_never_contacted(site: Site):
