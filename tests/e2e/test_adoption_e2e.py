@@ -113,6 +113,18 @@ def snapshot() -> str:
     )
 
 
+def assert_containerd_has_the_runtime() -> None:
+    """containerd's own reading of its configuration, imports included (`config
+    dump`): the nvidia runtime, with the site's SystemdCgroup."""
+    seen = tomllib.loads(on_node("containerd", "config", "dump"))
+    cri = seen["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]
+    options = cri["runtimes"]["nvidia"]["options"]
+    assert (options["BinaryName"], options["SystemdCgroup"]) == (
+        "/usr/bin/nvidia-container-runtime",
+        True,
+    )
+
+
 def driver_seen() -> tuple[str, str, str]:
     """The loaded driver (nvidia-smi), the open module package's version, the boot."""
     return (
@@ -184,13 +196,7 @@ def test_reconcile_adopts_the_node_keeping_its_driver_and_the_sites_settings(sit
     pid = on_node("systemctl", "show", "-P", "MainPID", "containerd")
     assert pid not in ("0", before), (before, pid)
     assert on_node("readlink", f"/proc/{pid}/exe") == "/usr/local/bin/containerd"
-    seen = tomllib.loads(on_node("containerd", "config", "dump"))
-    cri = seen["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]
-    options = cri["runtimes"]["nvidia"]["options"]
-    assert (options["BinaryName"], options["SystemdCgroup"]) == (
-        "/usr/bin/nvidia-container-runtime",
-        True,
-    )
+    assert_containerd_has_the_runtime()
     debian = subprocess.run(["podman", "exec", NODE, "dpkg-query", "-W", "containerd"])
     assert debian.returncode != 0, "Debian's containerd was installed"
 
@@ -233,13 +239,7 @@ def test_the_site_moves_the_runtime_into_the_drop_in_directory_its_containerd_im
     # Its stock import already covers the drop-in: the site's file is not touched.
     assert on_node("cat", "/etc/containerd/config.toml") + "\n" == site_config
     assert on_node("systemctl", "show", "-P", "MainPID", "containerd") not in ("0", before)
-    seen = tomllib.loads(on_node("containerd", "config", "dump"))
-    cri = seen["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]
-    options = cri["runtimes"]["nvidia"]["options"]
-    assert (options["BinaryName"], options["SystemdCgroup"]) == (
-        "/usr/bin/nvidia-container-runtime",
-        True,
-    )
+    assert_containerd_has_the_runtime()
 
     again = site.gpufleet("reconcile", "--once", *WHERE)
     assert again.stdout.startswith("cycle: 1 probed, 0 planned, 0 applied"), again.stdout
