@@ -119,6 +119,21 @@ def slurm_drain(host: str, hostvars: Mapping[str, Any]) -> tuple[str, float]:
     return mode, timeout
 
 
+# How a Kubernetes node taken out for its GPUs' health is kept free of new pods:
+# cordon (the default) or a NoSchedule taint (playbooks/rollout.yml does either).
+HEALTH_OUT_OF_SERVICE = "gpufleet_health_out_of_service"
+
+
+def health_out_of_service(host: str, hostvars: Mapping[str, Any]) -> str:
+    """The host's gpufleet_health_out_of_service; PolicyError for another value."""
+    value = hostvars.get(HEALTH_OUT_OF_SERVICE, "cordon")
+    if value not in ("cordon", "taint"):
+        raise PolicyError(
+            f"{HEALTH_OUT_OF_SERVICE} on host {host}: expected cordon or taint, got {value!r}"
+        )
+    return str(value)
+
+
 def pool_of(hostvars: Mapping[str, Any]) -> str:
     return str(hostvars.get(POOL_VARIABLE) or DEFAULT_POOL)
 
@@ -128,7 +143,8 @@ def policies(
 ) -> dict[str, RolloutPolicy]:
     """Each pool's policy: the inventory's rollout variables over `default`.
 
-    Raises PolicyError for a value of the wrong form (a Slurm drain setting too), for
+    Raises PolicyError for a value of the wrong form (a Slurm drain setting and
+    gpufleet_health_out_of_service too), for
     hosts of one pool that disagree, and for a batch that could never start
     (max_parallel above max_unavailable)."""
     found: dict[str, dict[str, tuple[str, Any]]] = {}
@@ -154,6 +170,7 @@ def policies(
             seen[name] = (host, value)
     for host, values in sorted(hostvars.items()):
         slurm_drain(host, values)
+        health_out_of_service(host, values)
     result = {}
     for pool, seen in found.items():
         policy = replace(default, **{name: value for name, (_host, value) in seen.items()})

@@ -33,6 +33,14 @@ GPU_NODE, CPU_NODE = "e2e-k8s-t4", "e2e-k8s-cpu"
 NAMESPACE = "gpufleet"
 
 pytestmark = pytest.mark.fleet
+# What a watch of a Node shows by default: "<unschedulable> <GPU health label>".
+WATCHED = r'{.spec.unschedulable} {.metadata.labels.nvidia\.com/gpu\.health}{"\n"}'
+# ... and of its taints: "<unschedulable> <gpufleet's health taint's value><effect>".
+TAINTED = (
+    r"{.spec.unschedulable} "
+    r'{.spec.taints[?(@.key=="nvidia.com/gpu.health")].value}'
+    r'{.spec.taints[?(@.key=="nvidia.com/gpu.health")].effect}{"\n"}'
+)
 
 
 class Cluster:
@@ -81,10 +89,9 @@ class Cluster:
     def labels(self, node: str) -> dict[str, str]:
         return self.get("node", node)["metadata"].get("labels") or {}
 
-    def watch_node(self, node: str) -> subprocess.Popen[str]:
-        """`kubectl get --watch` on a Node: a line per version of it, "<unschedulable>
-        <GPU health label>", until terminated."""
-        shape = r'{.spec.unschedulable} {.metadata.labels.nvidia\.com/gpu\.health}{"\n"}'
+    def watch_node(self, node: str, shape: str = WATCHED) -> subprocess.Popen[str]:
+        """`kubectl get --watch` on a Node: a line per version of it in the JSONPath
+        `shape`, until terminated."""
         return subprocess.Popen(
             [str(self._kubectl), f"--kubeconfig={self.kubeconfig}", "get", "node", node,
              "--watch", "-o", f"jsonpath={shape}"],
@@ -371,3 +378,47 @@ def test_a_gpu_fallen_off_the_bus_is_cordoned_drained_rebooted_and_uncordoned(
     assert phases[-6:] == ["queued", "cordoned", "drained", "applying", "applied", "done"]
     health = [e["summary"] for e in history if e["kind"] == "health"]
     assert health[-1] == "remediated by a reboot; health check passed", health
+
+
+def test_a_site_preferring_a_taint_has_the_node_tainted_not_left_cordoned(
+    cluster: Cluster,
+) -> None:
+    """The same fault on a host with gpufleet_health_out_of_service: taint: the node is
+    kept free of new pods by the NoSchedule taint nvidia.com/gpu.health=reboot, not a
+    cordon; its drain cordons it only while the pods are evicted (k8s_drain's way), and
+    it is rebooted, applied, read again and put back with the taint off and the site's
+    own taint kept. (--health-window 0: the remediation before this one does not make
+    this one a quarantine.)"""
+    host_vars = cluster.inventory / "host_vars"
+    host_vars.mkdir(exist_ok=True)
+    (host_vars / f"{GPU_NODE}.yml").write_text("gpufleet_health_out_of_service: taint\n")
+    site_taint = "example.com/maintenance=planned:PreferNoSchedule"
+    assert cluster.kubectl("taint", "node", GPU_NODE, site_taint).returncode == 0
+    faulted = subprocess.run([*FLEET, "fault", GPU_NODE, "lost", "--gpu", "0"], check=False)
+    assert faulted.returncode == 0
+    watch = cluster.watch_node(GPU_NODE, TAINTED)
+    try:
+        result = cluster.runner(
+            "reconcile", "--once", "--backoff-base", "1", "--backoff-cap", "1",
+            "--health-window", "0",
+        )  # fmt: skip
+    finally:
+        watch.terminate()
+    seen = [line.strip() for line in watch.communicate()[0].splitlines()]
+    assert result.returncode == 0, result.stdout + result.stderr
+    said = next((ln for ln in result.stdout.splitlines() if f"{GPU_NODE}:" in ln), "")
+    assert "remediated by a reboot; health check passed" in said, result.stdout
+    # Tainted before the drain, cordoned by it, uncordoned the moment it ended, and
+    # still tainted through the reboot and the apply.
+    assert seen.index("rebootNoSchedule") < seen.index("true rebootNoSchedule"), seen
+    assert seen.index("true rebootNoSchedule") < len(seen) - 1 - seen[::-1].index(
+        "rebootNoSchedule"
+    ), seen
+    node = cluster.get("node", GPU_NODE)
+    assert not node["spec"].get("unschedulable")
+    assert [(t["key"], t.get("value"), t["effect"]) for t in node["spec"].get("taints", [])] == [
+        ("example.com/maintenance", "planned", "PreferNoSchedule")
+    ]
+    assert "nvidia.com/gpu.health" not in node["metadata"].get("labels", {})
+    phases = [e["component"] for e in cluster.history() if e["kind"] == "rollout"]
+    assert phases[-6:] == ["queued", "cordoned", "drained", "applying", "applied", "done"]

@@ -1598,9 +1598,13 @@ def test_slurm_drain_false_or_no_slurmd_leaves_slurm_alone(store: StateStore) ->
             {"slurm_drain_timeout": -1},
             "slurm_drain_timeout on host a: expected seconds, a number > 0, got -1",
         ),
+        (
+            {"gpufleet_health_out_of_service": "drain"},
+            "gpufleet_health_out_of_service on host a: expected cordon or taint, got 'drain'",
+        ),
     ],
 )
-def test_a_wrong_slurm_drain_setting_stops_the_cycle_before_any_host(
+def test_a_wrong_out_of_service_setting_stops_the_cycle_before_any_host(
     store: StateStore, variables: dict[str, Any], message: str
 ) -> None:
     reconciler, engine, _ = converged(store, "a")
