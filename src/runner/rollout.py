@@ -144,9 +144,8 @@ def policies(
     """Each pool's policy: the inventory's rollout variables over `default`.
 
     Raises PolicyError for a value of the wrong form (a Slurm drain setting and
-    gpufleet_health_out_of_service too), for
-    hosts of one pool that disagree, and for a batch that could never start
-    (max_parallel above max_unavailable)."""
+    gpufleet_health_out_of_service too), for hosts of one pool that disagree, and for
+    a batch that could never start (max_parallel above max_unavailable)."""
     found: dict[str, dict[str, tuple[str, Any]]] = {}
     for host, values in sorted(hostvars.items()):
         pool = pool_of(values)
