@@ -652,6 +652,25 @@ def test_a_node_lost_in_the_middle_of_an_apply_is_unreachable_and_finished_when_
     (host_vars / "e2e-t4.yml").unlink()
 
 
+def test_lists_a_cut_short_refresh_left_without_the_package_are_fetched_again(fleet: Fleet):
+    """dcgm-exporter removed, and apt's lists of the repository that carries it gone, as
+    a refresh that failed after the sources file was written leaves them (a mirror down,
+    a run interrupted): the file is unchanged, so only apt's own view shows the lists
+    must be fetched again. The repair refreshes them and installs the package."""
+    removed = fleet.on_node("e2e-t4", "dpkg", "--remove", "dcgm-exporter")
+    assert removed.returncode == 0, removed.stderr
+    lists = "/var/lib/apt/lists/_srv_gpufleet-repo_cuda_*"  # the local CUDA repository's
+    dropped = fleet.on_node("e2e-t4", "sh", "-c", f"rm -v {lists}")
+    assert "removed" in dropped.stdout, dropped.stderr
+    policy = fleet.on_node("e2e-t4", "apt-cache", "policy", "dcgm-exporter").stdout
+    assert "Candidate: (none)" in policy, policy  # apt-get install would find nothing
+    result = fleet.reconcile("--once")
+    assert "e2e-t4: applied; because drift" in result.stdout, result.stdout + result.stderr
+    installed = fleet.on_node("e2e-t4", "dpkg-query", "-W", "-f=${Status}", "dcgm-exporter")
+    assert installed.stdout == "install ok installed"
+    assert fleet.status()["e2e-t4"]["status"] == "converged"
+
+
 def test_dpkg_lock_held_by_another_program_fails_naming_it_and_the_next_cycle_repairs(
     fleet: Fleet,
 ):

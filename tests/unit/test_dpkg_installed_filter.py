@@ -2,7 +2,9 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """dpkg_query and dpkg_installed: a role leaves its apt task out only where dpkg has
 every package installed whole at the version named. Read from the real dpkg-query of
-this machine, and from listings in its format for the states a node can be left in."""
+this machine, and from listings in its format for the states a node can be left in.
+apt_offered: a role refreshes apt's lists where they offer no version of its package,
+read from this machine's real apt-cache."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import subprocess
 import pytest
 
 from ansible_collections.gpufleet.nvidia.plugins.filter.packages import (
+    apt_offered,
     dpkg_installed,
     dpkg_query,
 )
@@ -64,3 +67,23 @@ def test_a_version_or_an_architecture_in_the_name_is_read_as_apt_reads_it():
     assert not dpkg_installed(listing, ["datacenter-gpu-manager", "dcgm-exporter=3.3.8-3.6.0-1"])
     assert dpkg_installed("libc6 ii 2.36-9\n", ["libc6:amd64"])
     assert not dpkg_installed(listing, [])
+
+
+def _policy(name):
+    return subprocess.run(
+        ["apt-cache", "policy", name], capture_output=True, text=True, check=True
+    ).stdout
+
+
+def test_a_package_apt_can_install_is_offered_and_one_its_lists_lack_is_not():
+    assert apt_offered(_policy("dpkg"), "dpkg")  # installed: at least that version
+    # The lists of a repository whose refresh never finished: apt knows no such name.
+    assert _policy("gpufleet-no-such-package") == ""
+    assert not apt_offered("", "gpufleet-no-such-package")
+    assert not apt_offered(_policy("dpkg"), "nvidia-kernel-dkms")  # another package
+
+
+def test_a_package_apt_knows_with_no_candidate_is_not_offered():
+    # apt knows the name (another package depends on it) but no source carries it.
+    policy = "nvidia-kernel-dkms:\n  Installed: (none)\n  Candidate: (none)\n  Version table:\n"
+    assert not apt_offered(policy, "nvidia-kernel-dkms")

@@ -3,13 +3,14 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """dpkg_query and dpkg_installed: whether dpkg has packages installed whole, as apt
 names them, told without apt (which loads its whole cache to find nothing to do).
+apt_offered: whether apt's lists offer a package at all.
 
-Documentation: dpkg_query.yml and dpkg_installed.yml next to this file.
+Documentation: dpkg_query.yml, dpkg_installed.yml and apt_offered.yml next to this file.
 """
 
 from __future__ import annotations
 
-from ansible_collections.gpufleet.nvidia.plugins.module_utils.apt_set import WHOLE
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.apt_set import WHOLE, parse_policy
 
 _FORMAT = "${Package} ${db:Status-Abbrev}${Version}\\n"
 
@@ -39,6 +40,17 @@ def dpkg_installed(listing, names):
     return bool(names)
 
 
+def apt_offered(policy, name):
+    """True when `policy` (what `apt-cache policy NAME` printed) names a candidate
+    version of `name`: one apt would install. False where apt does not know the
+    package (its lists were never fetched) or every version is pinned away."""
+    return bool((parse_policy(policy or "").get(str(name)) or {}).get("candidate"))
+
+
 class FilterModule:
     def filters(self):
-        return {"dpkg_query": dpkg_query, "dpkg_installed": dpkg_installed}
+        return {
+            "dpkg_query": dpkg_query,
+            "dpkg_installed": dpkg_installed,
+            "apt_offered": apt_offered,
+        }
