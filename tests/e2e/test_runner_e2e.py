@@ -652,11 +652,29 @@ def test_a_node_lost_in_the_middle_of_an_apply_is_unreachable_and_finished_when_
     (host_vars / "e2e-t4.yml").unlink()
 
 
-def test_lists_a_cut_short_refresh_left_without_the_package_are_fetched_again(fleet: Fleet):
-    """dcgm-exporter removed, and apt's lists of the repository that carries it gone, as
-    a refresh that failed after the sources file was written leaves them (a mirror down,
-    a run interrupted): the file is unchanged, so only apt's own view shows the lists
-    must be fetched again. The repair refreshes them and installs the package."""
+# A mirror that accepts a request and never answers (apt then waits on it for good):
+# a listening socket on the node that no one reads, apt's proxy for http sources.
+STALLED_MIRROR = (
+    "import socket\n"
+    "server = socket.create_server(('127.0.0.1', 3128))\n"
+    "held = []\n"
+    "while True:\n"
+    "    held.append(server.accept())\n"
+)
+STALL_CONF = "/etc/apt/apt.conf.d/99e2e-stalled-mirror"
+
+
+def test_a_refresh_a_stalled_mirror_holds_is_stopped_and_the_next_cycle_fetches_the_lists(
+    fleet: Fleet,
+):
+    """dcgm-exporter removed and apt's lists of the repository that carries it gone, then
+    the refresh that would fetch them held by a mirror that never answers: it is
+    stopped at gpufleet_apt_update_timeout and tried once more, and the stage fails
+    saying so, instead of the cycle waiting for good. The sources file is unchanged
+    from then on, so only apt's own view (no version of the package offered) tells the
+    next cycle, once the mirror answers, to fetch the lists; it does, and installs the
+    package. Next to last in the module: its short backoff, like the last test's, lets
+    the host that never answers be tried again."""
     removed = fleet.on_node("e2e-t4", "dpkg", "--remove", "dcgm-exporter")
     assert removed.returncode == 0, removed.stderr
     lists = "/var/lib/apt/lists/_srv_gpufleet-repo_cuda_*"  # the local CUDA repository's
@@ -664,8 +682,31 @@ def test_lists_a_cut_short_refresh_left_without_the_package_are_fetched_again(fl
     assert "removed" in dropped.stdout, dropped.stderr
     policy = fleet.on_node("e2e-t4", "apt-cache", "policy", "dcgm-exporter").stdout
     assert "Candidate: (none)" in policy, policy  # apt-get install would find nothing
-    result = fleet.reconcile("--once")
-    assert "e2e-t4: applied; because drift" in result.stdout, result.stdout + result.stderr
+    stall = subprocess.run(
+        ["podman", "exec", "-d", "e2e-t4", "python3", "-c", STALLED_MIRROR], check=False
+    )
+    assert stall.returncode == 0
+    proxy = f"echo 'Acquire::http::Proxy \"http://127.0.0.1:3128\";' > {STALL_CONF}"
+    assert fleet.on_node("e2e-t4", "sh", "-c", proxy).returncode == 0
+    bound = fleet.inventory / "apt-update.yml"
+    bound.write_text("all:\n  vars:\n    gpufleet_apt_update_timeout: 30\n")
+    short = ("--backoff-base", "1", "--backoff-cap", "1", "--once")
+    try:
+        # (A refresh apt would never end fails the run's own time limit instead.)
+        result = fleet.runner("reconcile", *short, timeout=600)
+        out = result.stdout + result.stderr
+        assert "e2e-t4: failed" in result.stdout, out
+        stopped = "each try stopped past gpufleet_apt_update_timeout (seconds) 30: Timeout exceeded"
+        assert stopped in out, out
+    finally:
+        fleet.on_node("e2e-t4", "pkill", "-f", "socket.create_server")
+        fleet.on_node("e2e-t4", "rm", "-f", STALL_CONF)
+        bound.unlink()
+    time.sleep(3)  # past the backoff
+    result = fleet.runner("reconcile", *short)
+    assert "e2e-t4: applied" in result.stdout, result.stdout + result.stderr
+    policy = fleet.on_node("e2e-t4", "apt-cache", "policy", "dcgm-exporter").stdout
+    assert "Candidate: (none)" not in policy, policy
     installed = fleet.on_node("e2e-t4", "dpkg-query", "-W", "-f=${Status}", "dcgm-exporter")
     assert installed.stdout == "install ok installed"
     assert fleet.status()["e2e-t4"]["status"] == "converged"

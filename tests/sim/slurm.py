@@ -90,7 +90,8 @@ def install(node: str, packages: Sequence[str]) -> None:
         node,
         "printf '#!/bin/sh\\nexit 101\\n' > /usr/sbin/policy-rc.d; "
         "chmod 0755 /usr/sbin/policy-rc.d; trap 'rm -f /usr/sbin/policy-rc.d' EXIT; "
-        "apt-get update -qq; "
+        # apt can wait forever on a mirror that stalls: bounded, and tried again.
+        "for try in 1 2 3; do timeout 300 apt-get update -qq && break; done; "
         "DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "
         + " ".join(missing),
     )

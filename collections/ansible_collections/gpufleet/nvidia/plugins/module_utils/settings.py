@@ -173,6 +173,8 @@ _SUBDOMAIN = (_match(DNS_SUBDOMAIN, 253), "a Kubernetes object name (lower-case 
 _DNS_NAME = (_match(DNS_LABEL), "a Kubernetes name (a DNS label: a-z, 0-9 and -, at most 63)")
 _TIMEOUT = (_int_range(1, 86400), "a whole number of seconds from 1 to 86400")
 _LOCK_TIMEOUT = (_int_range(0, 3600), "a whole number of seconds from 0 to 3600")
+# A refresh of apt's lists is stopped past this (it is an async task's time limit).
+_UPDATE_TIMEOUT = (_int_range(30, 3600), "a whole number of seconds from 30 to 3600")
 # OpenPGP primary-key fingerprints: 40 hex digits (version 4 keys) or 64 (version 6),
 # spaced in groups as people copy them or not.
 _FINGERPRINT = re.compile(r"^([0-9A-F]{40}|[0-9A-F]{64})$")
@@ -248,6 +250,7 @@ _COLLECTORS = (
 # role not being checked) is not looked at.
 RULES = {
     "driver_apt_lock_timeout": _LOCK_TIMEOUT,
+    "driver_apt_update_timeout": _UPDATE_TIMEOUT,
     "driver_branch": (
         _optional(_match(BRANCH_RE)),
         'a three-digit driver branch such as "535" (or empty: the installed one, or the default)',
@@ -290,6 +293,7 @@ RULES = {
     "mig_manager_package_checksum": _OPTIONAL_CHECKSUM,
     "mig_gpu_consumers": _UNIT_NAMES,
     "toolkit_apt_lock_timeout": _LOCK_TIMEOUT,
+    "toolkit_apt_update_timeout": _UPDATE_TIMEOUT,
     "toolkit_version": (
         _optional(_match(_TOOLKIT_VERSION)),
         'a toolkit version such as "1.17.8" or "1.17.8-1" (or empty: the newest)',
@@ -301,6 +305,7 @@ RULES = {
         "an absolute path ending in .yaml or .json",
     ),
     "runtime_config_apt_lock_timeout": _LOCK_TIMEOUT,
+    "runtime_config_apt_update_timeout": _UPDATE_TIMEOUT,
     "runtime_config_runtime_name": (
         _match(_RUNTIME_NAME, 63),
         "letters, digits, - or _ (it becomes a TOML key and a RuntimeClass handler)",
@@ -331,6 +336,7 @@ RULES = {
     "device_plugin_host_binary_url": (_optional(_url), _URL[1] + " (or empty)"),
     "device_plugin_host_binary_checksum": _OPTIONAL_CHECKSUM,
     "exporter_apt_lock_timeout": _LOCK_TIMEOUT,
+    "exporter_apt_update_timeout": _UPDATE_TIMEOUT,
     "exporter_repo_base_url": _URL,
     "exporter_repo_key_fingerprints": _KEY_FINGERPRINTS,
     "exporter_repo_apt_selector": _SELECTOR,
