@@ -7,8 +7,11 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.gpufleet.nvidia.plugins.module_utils import driver_plan as dp
-from ansible_collections.gpufleet.nvidia.plugins.module_utils import kernels, secureboot
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.lazy import LazyModule
+
+dp = LazyModule("ansible_collections.gpufleet.nvidia.plugins.module_utils.driver_plan")
+kernels = LazyModule("ansible_collections.gpufleet.nvidia.plugins.module_utils.kernels")
+secureboot = LazyModule("ansible_collections.gpufleet.nvidia.plugins.module_utils.secureboot")
 
 
 def driver_offer_prefix(facts, source="distro"):

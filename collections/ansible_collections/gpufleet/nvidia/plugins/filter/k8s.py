@@ -15,12 +15,12 @@ import yaml
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpufleet.nvidia.plugins.filter.summary import stage_passed
-from ansible_collections.gpufleet.nvidia.plugins.module_utils import k8s_objects as k8s
-from ansible_collections.gpufleet.nvidia.plugins.module_utils import (
-    k8s_state,
-    mig_config,
-    monitoring,
-)
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.lazy import LazyModule
+
+k8s = LazyModule("ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_objects")
+k8s_state = LazyModule("ansible_collections.gpufleet.nvidia.plugins.module_utils.k8s_state")
+mig_config = LazyModule("ansible_collections.gpufleet.nvidia.plugins.module_utils.mig_config")
+monitoring = LazyModule("ansible_collections.gpufleet.nvidia.plugins.module_utils.monitoring")
 
 # GPU Operator component names of the stages whose outcome a deploy label reports.
 _STAGE_COMPONENTS = (

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.gpufleet.nvidia.plugins.module_utils import mig_config, mig_profiles
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.lazy import LazyModule
+
+mig_config = LazyModule("ansible_collections.gpufleet.nvidia.plugins.module_utils.mig_config")
+mig_profiles = LazyModule("ansible_collections.gpufleet.nvidia.plugins.module_utils.mig_profiles")
 
 
 def _gpu(index, fact):

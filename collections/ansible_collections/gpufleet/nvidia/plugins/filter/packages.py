@@ -10,7 +10,9 @@ Documentation: dpkg_query.yml, dpkg_installed.yml and apt_offered.yml next to th
 
 from __future__ import annotations
 
-from ansible_collections.gpufleet.nvidia.plugins.module_utils.apt_set import WHOLE, parse_policy
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.lazy import LazyModule
+
+apt_set = LazyModule("ansible_collections.gpufleet.nvidia.plugins.module_utils.apt_set")
 
 _FORMAT = "${Package} ${db:Status-Abbrev}${Version}\\n"
 
@@ -31,7 +33,7 @@ def dpkg_installed(listing, names):
     for line in (listing or "").splitlines():
         package, _, rest = line.partition(" ")
         status, version = rest[:3], rest[3:]
-        found.setdefault(package, []).append(version if status in WHOLE else None)
+        found.setdefault(package, []).append(version if status in apt_set.WHOLE else None)
     for name in names:
         package, _, version = str(name).partition("=")
         versions = found.get(package.split(":")[0])
@@ -44,7 +46,7 @@ def apt_offered(policy, name):
     """True when `policy` (what `apt-cache policy NAME` printed) names a candidate
     version of `name`: one apt would install. False where apt does not know the
     package (its lists were never fetched) or every version is pinned away."""
-    return bool((parse_policy(policy or "").get(str(name)) or {}).get("candidate"))
+    return bool((apt_set.parse_policy(policy or "").get(str(name)) or {}).get("candidate"))
 
 
 class FilterModule:
