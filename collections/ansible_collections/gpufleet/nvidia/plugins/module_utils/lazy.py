@@ -5,10 +5,11 @@
 
 For the collection's filter plugins. To find `gpufleet.nvidia.<filter>`, Ansible loads
 the collection's filter files in name order until one of them has it, in each worker
-process it forks for a task on a host, and compiles each from source there (its
-collection loader keeps no bytecode). A filter file whose helpers are imported at the
-top makes every task that uses any filter named after it pay for them; with
-`LazyModule`, a worker pays only for the helpers of the filter it calls.
+process it forks for a task on a host; what a file imports from module_utils comes
+through Ansible's collection loader, which compiles it from source every time (it
+keeps no bytecode). A filter file whose helpers are imported at its top makes them
+paid for by every task that uses a filter of its own or of a file after it by name;
+with `LazyModule`, a worker pays only for the helpers of the filters it calls.
 """
 
 from __future__ import annotations
