@@ -138,10 +138,10 @@ def test_waiting_for_a_condition_gives_up_on_any_other_error(tmp_path):
 def test_more_nodes_than_the_inotify_limit_lets_boot_are_refused(tmp_path):
     limit = tmp_path / "max_user_instances"
     limit.write_text("128\n")
-    fleet.check_inotify(20, limit)
-    needed = r"50 nodes need about 300 inotify instances.*is 128"
+    fleet.check_inotify(14, limit)
+    needed = r"15 nodes need about 135 inotify instances.*is 128"
     with pytest.raises(fleet.FleetError, match=needed):
-        fleet.check_inotify(50, limit)
+        fleet.check_inotify(15, limit)
 
 
 def test_slurm_fixture_names_each_node_by_its_address():
