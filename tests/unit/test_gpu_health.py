@@ -12,6 +12,7 @@ import pytest
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import gpu_health as gh
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import smi
+from ansible_collections.gpufleet.nvidia.plugins.modules import gpu_facts
 from conftest import FIXTURES, PROJECT
 
 SMI = FIXTURES / "nvidia-smi"
@@ -270,8 +271,6 @@ def test_the_docs_table_is_the_codes_table():
 def test_gpu_facts_reads_the_kernel_log_only_when_asked(monkeypatch):
     """The stages read the facts for the GPUs' identity and driver (kernel_log: false);
     the facts play and the probe read the Xid events."""
-    from ansible_collections.gpufleet.nvidia.plugins.modules import gpu_facts
-
     reads = []
     monkeypatch.setattr(gh, "read_kernel_log", lambda: reads.append(1) or ("", None))
     gpus = [{"pci_address": "0000:3b:00.0"}]

@@ -94,6 +94,7 @@ def _node(
         "GRUB_CFG_PATHS": (str(boot / "grub" / "grub.cfg"),),
         "GRUB_SETTINGS": str(tmp_path / "grub"),
         "GRUB_SETTINGS_DIR": str(settings),
+        "BLS_ENTRIES_DIR": str(tmp_path / "no-bls-entries"),
         "GRUB_HOLD_FILE": str(settings / "99-gpufleet-kernel.cfg"),
     }
     facts = kernels.read(run, lambda name: f"/usr/sbin/{name}", paths)

@@ -167,6 +167,7 @@ def _read(tmp_path: Path, running: str, modinfo: dict[str, str]) -> dict:
         "GRUB_CFG_PATHS": (str(boot / "grub" / "grub.cfg"),),
         "GRUB_SETTINGS": str(tmp_path / "default-grub"),
         "GRUB_SETTINGS_DIR": str(tmp_path / "default-grub.d"),
+        "BLS_ENTRIES_DIR": str(tmp_path / "no-bls-entries"),
     }
     facts = kernels.read(run, lambda name: f"/usr/sbin/{name}", paths)
     facts["running"] = running  # the test machine's own kernel otherwise

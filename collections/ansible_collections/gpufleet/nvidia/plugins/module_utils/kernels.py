@@ -32,7 +32,7 @@ from __future__ import annotations
 import os
 import re
 
-from ansible_collections.gpufleet.nvidia.plugins.module_utils import grub
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import bls, grub
 
 BOOT_DIR = "/boot"
 MODULES_DIR = "/lib/modules"
@@ -194,10 +194,11 @@ def read(run, which, paths=None):
     """The node's kernels: {running, installed, boot_next, boot_next_from, modules, dkms,
     grub}, where modules maps each installed release (and the running one) to its nvidia
     module ({path, version, built_for, signer, sig_key}) or None, dkms lists the module
-    sources DKMS could build (dkms_sources) and grub is grub_facts'. `run(argv)` gives
-    (rc, out, err); `which` a program's path. `paths` overrides BOOT_DIR, MODULES_DIR,
-    GRUBENV_PATHS, DKMS_SOURCES, GRUB_CFG_PATHS, GRUB_SETTINGS, GRUB_SETTINGS_DIR and
-    GRUB_HOLD_FILE (by those names, for tests)."""
+    sources DKMS could build (dkms_sources) and grub is grub_facts' (bls_facts' on a node
+    that boots BLS entries, as RHEL's do). `run(argv)` gives (rc, out, err); `which` a
+    program's path. `paths` overrides BOOT_DIR, MODULES_DIR, GRUBENV_PATHS, DKMS_SOURCES,
+    GRUB_CFG_PATHS, GRUB_SETTINGS, GRUB_SETTINGS_DIR, GRUB_HOLD_FILE, BLS_ENTRIES_DIR,
+    BLS_HOLD_FILE and SYSCONFIG_KERNEL (by those names, for tests)."""
     where = {
         "BOOT_DIR": BOOT_DIR,
         "MODULES_DIR": MODULES_DIR,
@@ -207,6 +208,9 @@ def read(run, which, paths=None):
         "GRUB_SETTINGS": grub.SETTINGS,
         "GRUB_SETTINGS_DIR": grub.SETTINGS_DIR,
         "GRUB_HOLD_FILE": grub.HOLD_FILE,
+        "BLS_ENTRIES_DIR": bls.ENTRIES_DIR,
+        "BLS_HOLD_FILE": bls.HOLD_FILE,
+        "SYSCONFIG_KERNEL": bls.SYSCONFIG_KERNEL,
         **(paths or {}),
     }
     releases = installed(where["BOOT_DIR"])
@@ -214,7 +218,8 @@ def read(run, which, paths=None):
     config, menu = _first(where["GRUB_CFG_PATHS"])
     menu = grub.parse_cfg(menu)
     settings = _settings(where)
-    following, how = boot_next(releases, grubenv, grub.setting(settings.values()), menu)
+    default = grub.setting(settings.values())
+    following, how = boot_next(releases, grubenv, default, menu)
     running = os.uname().release
     modinfo = which("modinfo")
     modules = {}
@@ -227,12 +232,41 @@ def read(run, which, paths=None):
         "boot_next_from": how,
         "modules": modules,
         "dkms": dkms_sources(where["DKMS_SOURCES"]),
-        "grub": grub_facts(config, menu, settings, where["GRUB_HOLD_FILE"], releases, grubenv),
+        "grub": (
+            None if grub.releases(menu["entries"]) else bls_facts(where, releases, grubenv, default)
+        )
+        or grub_facts(config, menu, settings, where["GRUB_HOLD_FILE"], releases, grubenv),
+    }
+
+
+def bls_facts(where, releases, grubenv, default):
+    """Where the node boots boot loader entries (RHEL): grub_facts' keys for them
+    (entries: each release's entry id, as saved_entry names it), method "grubby", and
+    bls.facts'; None on a node without entries."""
+    ids = bls.entries(where["BLS_ENTRIES_DIR"])
+    if not ids:
+        return None
+    found = bls.facts(
+        releases,
+        ids,
+        _read(where["BLS_HOLD_FILE"]),
+        _read(where["SYSCONFIG_KERNEL"]),
+        default,
+        grubenv.get("saved_entry"),
+    )
+    return {
+        **found,
+        "method": "grubby",
+        "config": None,
+        "hold_file": where["BLS_HOLD_FILE"],
+        "sysconfig": where["SYSCONFIG_KERNEL"],
+        "read_after": {},
     }
 
 
 def grub_facts(config, menu, settings, hold_file, releases, grubenv):
-    """{config: the menu's path (None without one that lists kernels), hold_file, held:
+    """{method: "grub-mkconfig" (None without a menu that lists kernels), config: the
+    menu's path (None without one that lists kernels), hold_file, held:
     the release gpufleet's hold file keeps booting (None without a hold), unheld: the
     release the node would boot next without the hold, entries: each release's entry
     as GRUB_DEFAULT names it, read_after: {path: GRUB_DEFAULT} of the settings files read
@@ -246,6 +280,7 @@ def grub_facts(config, menu, settings, hold_file, releases, grubenv):
     site = grub.setting(text for path, text in settings.items() if path != hold_file)
     unheld = boot_next(releases, grubenv, site, {**menu, "default": site})[0] if held else None
     return {
+        "method": "grub-mkconfig" if listed else None,
         "config": config if listed else None,
         "hold_file": hold_file,
         "held": held,

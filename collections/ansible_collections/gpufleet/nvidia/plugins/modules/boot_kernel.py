@@ -76,11 +76,15 @@ kernel:
       C(boot_next) (null without one), C(boot_next_from) (C(grub next_entry),
       C(grub.cfg default), C(grub saved_entry), C(GRUB_DEFAULT) or C(newest installed))
       and C(modules), each of those releases to its nvidia module (C(path),
-      C(version), C(built_for)) or null; C(grub), GRUB's menu (C(config)),
-      gpufleet's hold file (C(hold_file)), the release it keeps booting (C(held)) and
-      the one the node would boot without it (C(unheld)), each release's entry
-      (C(entries)), and the settings files read after the hold file that set
-      GRUB_DEFAULT, to the value they set (C(read_after)).
+      C(version), C(built_for)) or null; C(grub), how a hold is made (C(method),
+      C(grub-mkconfig), C(grubby) where the node boots BLS entries, as RHEL's do, or
+      null), GRUB's menu (C(config)), gpufleet's hold file (C(hold_file)), the release it
+      keeps booting (C(held)) and the one the node would boot without it (C(unheld)),
+      each release's entry (C(entries)), and the settings files read after the hold
+      file that set GRUB_DEFAULT, to the value they set (C(read_after)); with
+      C(grubby), also the kernel held back (C(held_back)), C(/etc/sysconfig/kernel)
+      (C(sysconfig)) and its UPDATEDEFAULT now (C(updatedefault)) and the site's own
+      (C(site_updatedefault)), and whether GRUB_DEFAULT is C(saved) (C(saved)).
   returned: always
   type: dict
 signing_key:
@@ -105,14 +109,17 @@ hold:
     - Where the target lacks the driver's module and another installed kernel has it
       and a GRUB entry (and GRUB's menu can be written), the hold that keeps the node on
       that one - C(release), and the settings file (C(path), C(content)) that makes its
-      entry GRUB's default once the menu is written anew; null otherwise.
+      entry GRUB's default once the menu is written anew; null otherwise. With
+      C(grubby), C(path) and C(content) are gpufleet's record of the hold, and
+      C(set_default) the command that makes that kernel the boot default.
   returned: always
   type: dict
 hold_blocked:
   description:
     - Where a kernel to hold the node on has the module, but a settings file read after
-      gpufleet's hold file sets another GRUB_DEFAULT (which would win), why no hold is
-      offered, naming the kernel and the files; null otherwise.
+      gpufleet's hold file sets another GRUB_DEFAULT (which would win), or GRUB_DEFAULT
+      is not C(saved) where grubby sets the default, why no hold is offered, naming the
+      kernel and the files; null otherwise.
   returned: always
   type: str
 regenerate:
@@ -121,6 +128,14 @@ regenerate:
   returned: always
   type: list
   elements: str
+lift:
+  description:
+    - With C(grubby), under a hold, what lifting it gives back - the command that makes
+      the kernel held back the boot default again (C(set_default), null where that
+      kernel is gone) and the site's UPDATEDEFAULT (C(updatedefault), empty where its
+      file did not set one); null otherwise.
+  returned: always
+  type: dict
 problems:
   description: What is wrong with the kernel that boots next, one sentence each; empty
     when it has the driver's module, when no kernel image is installed, or when the
@@ -136,7 +151,7 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.nvidia.plugins.module_utils import discovery, grub, kernels
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import bls, discovery, grub, kernels
 
 
 def main():
@@ -186,6 +201,8 @@ def _hold(module, kernel, version, signing_key):
     release = facts["unheld"] if facts["held"] else kernel["boot_next"]
     wrong = kernels.problems(kernel, version, signing_key, release)
     keep = kernels.fallback(kernel, version, signing_key) if wrong else None
+    if facts.get("method") == "grubby":
+        return _hold_bls(module, kernel, release, wrong, keep)
     hold = blocked = None
     # Settings files read after gpufleet's hold file that set another default.
     entry = facts["entries"][keep] if keep else None
@@ -210,6 +227,45 @@ def _hold(module, kernel, version, signing_key):
         "hold": hold if regenerate else None,
         "hold_blocked": blocked,
         "regenerate": regenerate,
+        "lift": None,
+    }
+
+
+def _hold_bls(module, kernel, release, wrong, keep):
+    """_hold's answer where the node boots BLS entries (RHEL): grubby sets the boot
+    default (hold.set_default), gpufleet's record keeps what the hold changed, and a
+    hold is lifted by giving the default back (lift.set_default) and the site's
+    UPDATEDEFAULT (lift.updatedefault)."""
+    facts = kernel["grub"]
+    grubby = module.get_bin_path("grubby")
+    hold = blocked = lift = None
+    if keep and not facts["saved"]:
+        blocked = (
+            f"kernel {keep} has the module, but GRUB_DEFAULT is not 'saved', so GRUB would"
+            " not boot the default grubby sets"
+        )
+    elif keep and grubby:
+        reason = "; ".join(wrong).replace("\n", " ")
+        content = bls.hold_text(keep, release, facts["site_updatedefault"], reason)
+        hold = {
+            "release": keep,
+            "path": facts["hold_file"],
+            "content": content,
+            "set_default": [grubby, "--set-default", f"/boot/vmlinuz-{keep}"],
+        }
+    if facts["held"] and grubby:
+        unheld = facts["unheld"]
+        back = unheld in kernel["installed"] and unheld != facts["held"]
+        lift = {
+            "set_default": [grubby, "--set-default", f"/boot/vmlinuz-{unheld}"] if back else None,
+            "updatedefault": facts["site_updatedefault"] or "",
+        }
+    return {
+        "target": {"release": release, "problems": wrong},
+        "hold": hold,
+        "hold_blocked": blocked,
+        "regenerate": None,
+        "lift": lift,
     }
 
 
