@@ -8,7 +8,8 @@ driver: a kernel update arrived and DKMS did not build the module for it (no hea
 a failed build), or its precompiled module package does not exist yet. `read` gathers
 what decides it; `problems` says, in words, what is wrong with the kernel that boots
 next; `repair_packages` names what would give that kernel its module; `fallback` the
-kernel to keep booting (a GRUB hold, grub.py) when it cannot have one.
+kernel to keep booting (a GRUB hold, grub.py, or grubby's on BLS entries, bls.py) when
+it cannot have one.
 
 Which kernel boots next, as the boot loaders decide it:
 - Where GRUB's menu (grub.cfg) lists the kernels, as Debian's and Ubuntu's do: the
@@ -220,6 +221,9 @@ def read(run, which, paths=None):
     settings = _settings(where)
     default = grub.setting(settings.values())
     following, how = boot_next(releases, grubenv, default, menu)
+    # A menu that lists no kernel: RHEL's, which boots BLS entries.
+    listed = grub.releases(menu["entries"])
+    entries = None if listed else bls_facts(where, releases, grubenv, default)
     running = os.uname().release
     modinfo = which("modinfo")
     modules = {}
@@ -232,9 +236,7 @@ def read(run, which, paths=None):
         "boot_next_from": how,
         "modules": modules,
         "dkms": dkms_sources(where["DKMS_SOURCES"]),
-        "grub": (
-            None if grub.releases(menu["entries"]) else bls_facts(where, releases, grubenv, default)
-        )
+        "grub": entries
         or grub_facts(config, menu, settings, where["GRUB_HOLD_FILE"], releases, grubenv),
     }
 
