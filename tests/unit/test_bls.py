@@ -140,11 +140,11 @@ def test_each_kernels_entry_is_named_by_its_id_and_the_rescue_entry_left_out(
     tmp_path: Path,
 ) -> None:
     node = Node(tmp_path)
-    assert bls.entries(str(node.entries)) == {
+    assert bls.entries(str(node.entries), kernels._read) == {
         OLD: f"{MACHINE}-{OLD}",
         NEW: f"{MACHINE}-{NEW}",
     }
-    assert bls.entries(str(tmp_path / "none")) == {}
+    assert bls.entries(str(tmp_path / "none"), kernels._read) == {}
 
 
 def test_rhel_boots_the_saved_entry_and_a_newer_kernel_without_its_module_is_named(

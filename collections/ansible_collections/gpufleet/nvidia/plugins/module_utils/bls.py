@@ -31,9 +31,10 @@ _LINUX = re.compile(r"^\s*linux\s+\S*?/vmlinuz-(\S+)\s*$")
 _ASSIGNMENT = re.compile(r"""^\s*([A-Z_]+)=["']?([^"'#]*?)["']?\s*(#.*)?$""")
 
 
-def entries(entries_dir=ENTRIES_DIR):
+def entries(entries_dir, read):
     """{release: entry id} of the boot loader entries in `entries_dir` (the id is the
-    file's name without .conf); rescue entries, which boot a generic image, left out."""
+    file's name without .conf); rescue entries, which boot a generic image, left out.
+    `read(path)` gives a file's text, or None."""
     try:
         names = sorted(os.listdir(entries_dir))
     except OSError:
@@ -42,7 +43,7 @@ def entries(entries_dir=ENTRIES_DIR):
     for name in names:
         if not name.endswith(".conf") or "rescue" in name:
             continue
-        for line in (_read(os.path.join(entries_dir, name)) or "").splitlines():
+        for line in (read(os.path.join(entries_dir, name)) or "").splitlines():
             match = _LINUX.match(line)
             if match:
                 found.setdefault(match.group(1), name[: -len(".conf")])
@@ -61,13 +62,13 @@ def assignments(text):
     return found
 
 
-def facts(releases, entry_ids, record_text, sysconfig_text, grub_default, saved_entry):
+def facts(releases, entry_ids, record_text, sysconfig_text, grub_default):
     """The hold's side of kernels.read on a node that boots BLS entries: {held: the
     release gpufleet's record keeps booting (None without a record), unheld: the one
     the node would boot without the hold, held_back: the one the record held back,
     site_updatedefault: the site's UPDATEDEFAULT (from the record under a hold, as it
     was before it), updatedefault: the file's value now, saved: whether GRUB_DEFAULT is
-    the saved entry, as a hold needs, saved_entry, entries: each release's entry id}."""
+    the saved entry, as a hold needs, entries: each release's entry id}."""
     record = assignments(record_text) if record_text is not None else {}
     now = assignments(sysconfig_text).get("UPDATEDEFAULT") if sysconfig_text is not None else None
     held, back = record.get("HELD") or None, record.get("HELD_BACK") or None
@@ -83,7 +84,6 @@ def facts(releases, entry_ids, record_text, sysconfig_text, grub_default, saved_
         "site_updatedefault": site,
         "updatedefault": now,
         "saved": grub_default == "saved",
-        "saved_entry": saved_entry,
         "entries": dict(entry_ids),
     }
 
@@ -102,11 +102,3 @@ def hold_text(release, held_back, site_updatedefault, reason):
         f"HELD_BACK={held_back}\n"
         f"SITE_UPDATEDEFAULT={site_updatedefault or ''}\n"
     )
-
-
-def _read(path):
-    try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            return handle.read()
-    except OSError:
-        return None

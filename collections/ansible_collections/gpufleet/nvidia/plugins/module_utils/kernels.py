@@ -223,7 +223,7 @@ def read(run, which, paths=None):
     following, how = boot_next(releases, grubenv, default, menu)
     # A menu that lists no kernel: RHEL's, which boots BLS entries.
     listed = grub.releases(menu["entries"])
-    entries = None if listed else bls_facts(where, releases, grubenv, default)
+    entries = None if listed else bls_facts(where, releases, default)
     running = os.uname().release
     modinfo = which("modinfo")
     modules = {}
@@ -241,11 +241,11 @@ def read(run, which, paths=None):
     }
 
 
-def bls_facts(where, releases, grubenv, default):
+def bls_facts(where, releases, default):
     """Where the node boots boot loader entries (RHEL): grub_facts' keys for them
     (entries: each release's entry id, as saved_entry names it), method "grubby", and
     bls.facts'; None on a node without entries."""
-    ids = bls.entries(where["BLS_ENTRIES_DIR"])
+    ids = bls.entries(where["BLS_ENTRIES_DIR"], _read)
     if not ids:
         return None
     found = bls.facts(
@@ -254,7 +254,6 @@ def bls_facts(where, releases, grubenv, default):
         _read(where["BLS_HOLD_FILE"]),
         _read(where["SYSCONFIG_KERNEL"]),
         default,
-        grubenv.get("saved_entry"),
     )
     return {
         **found,
