@@ -90,7 +90,8 @@ class Node:
 
     @property
     def hold_file(self) -> Path:
-        return self.root / "kernel-hold.conf"
+        """In a directory of its own, which the node does not have until a hold."""
+        return self.root / "var-lib-gpufleet" / "kernel-hold.conf"
 
     def build(self, release: str) -> None:
         module = self.root / "modules" / release / "extra" / "nvidia.ko.xz"
@@ -174,7 +175,7 @@ def test_grubby_holds_the_node_on_its_kernel_and_records_the_sites_updatedefault
     hold = found["hold"]
     assert hold["release"] == OLD and found["hold_blocked"] is None
     assert hold["set_default"] == ["/usr/sbin/grubby", "--set-default", f"/boot/vmlinuz-{OLD}"]
-    assert hold["path"] == str(tmp_path / "kernel-hold.conf")
+    assert hold["path"] == str(tmp_path / "var-lib-gpufleet" / "kernel-hold.conf")
     record = bls.assignments(hold["content"])
     assert record == {"HELD": OLD, "HELD_BACK": NEW, "SITE_UPDATEDEFAULT": "yes"}
     assert (
@@ -201,7 +202,8 @@ def test_no_hold_without_grubby_or_where_grub_does_not_boot_the_saved_entry(
 def held(tmp_path: Path, updatedefault: str = "yes", **node) -> Node:
     """A node as a hold leaves it: OLD the saved entry, UPDATEDEFAULT=no, the record."""
     found = Node(tmp_path, **node)
-    (found.hold_file).write_text(bls.hold_text(OLD, NEW, updatedefault, "why"))
+    found.hold_file.parent.mkdir()
+    found.hold_file.write_text(bls.hold_text(OLD, NEW, updatedefault, "why"))
     found.grubenv.write_text(f"saved_entry={MACHINE}-{OLD}\n")
     found.sysconfig.write_text(SYSCONFIG_KERNEL.replace("UPDATEDEFAULT=yes", "UPDATEDEFAULT=no"))
     return found
@@ -306,10 +308,10 @@ def test_the_driver_stage_holds_with_grubby_and_gives_everything_back(
     site = SYSCONFIG_KERNEL if updatedefault else "DEFAULTKERNEL=kernel-core\n"
     node = Node(tmp_path / "node", sysconfig=site)
     first = run_hold(node, tmp_path)
-    assert (
-        changed(first)[0]
-        == "Record the hold, the kernel it holds back and the site's UPDATEDEFAULT"
-    )
+    assert changed(first)[:2] == [
+        "Keep a directory for gpufleet's record of the hold",
+        "Record the hold, the kernel it holds back and the site's UPDATEDEFAULT",
+    ]
     assert node.read()["boot_next"] == OLD
     record = bls.assignments(node.hold_file.read_text())
     assert record["SITE_UPDATEDEFAULT"] == (updatedefault or "")
