@@ -123,24 +123,26 @@ toolkit:
 migparted:
 	@bash tests/sim/migparted/build.sh
 
+# The 20 slowest unit tests are listed at the end.
 unit: venv consumers toolkit migparted
-	pytest
+	pytest --durations=20
 
 # The reconciler against a small simulated fleet, through real ansible-runner, and
 # with the cluster side against the test control plane. `make test` runs it in two
 # parts: e2e-cluster after molecule (the cluster module: both use the test control
 # plane; and the adoption and MPS modules, which even out the two lanes' times),
-# e2e-nodes, the rest, beside them.
+# e2e-nodes, the rest, beside them. Each lists every test's set-up, call and
+# tear-down time at its end (--durations=0): where the suite's time goes.
 E2E_CLUSTER := tests/e2e/test_cluster_e2e.py tests/e2e/test_adoption_e2e.py \
   tests/e2e/test_mps_mount.py
 e2e: image repo controlplane consumers
-	pytest tests/e2e --durations=12
+	pytest tests/e2e --durations=0
 
 e2e-cluster: image repo controlplane consumers
-	pytest $(E2E_CLUSTER) --durations=8
+	pytest $(E2E_CLUSTER) --durations=0
 
 e2e-nodes: image repo consumers
-	pytest tests/e2e $(addprefix --ignore=,$(E2E_CLUSTER)) --durations=12
+	pytest tests/e2e $(addprefix --ignore=,$(E2E_CLUSTER)) --durations=0
 
 # Not part of `make test`: measures, asserts nothing (see tests/bench).
 bench: image repo
