@@ -97,8 +97,8 @@ demo: fleet
 lint: venv
 	yamllint --strict .
 	ansible-lint
-	ruff check src tests collections molecule
-	ruff format --check src tests collections molecule
+	ruff check src tests collections molecule playbooks
+	ruff format --check src tests collections molecule playbooks
 	mypy
 
 # docs/roles/<role>.md from each role's meta/argument_specs.yml (a unit test checks

@@ -27,8 +27,9 @@ PROJECT_PARTS = (
 
 def project_files(root: Path) -> list[Path]:
     """Every file the playbooks run (roles, collection, playbooks), in hashing order;
-    not their documentation or the collection's changelog, which change no run
-    (editing a role's README must not re-plan the fleet)."""
+    not their documentation, the collection's changelog or the playbooks' callback
+    plugins, which change nothing on a node (editing a role's README must not re-plan
+    the fleet)."""
     files: list[Path] = []
     for part in PROJECT_PARTS:
         base = root / part
@@ -36,7 +37,7 @@ def project_files(root: Path) -> list[Path]:
         files.extend(
             path
             for path in paths
-            if not {"__pycache__", "changelogs"} & set(path.parts)
+            if not {"__pycache__", "changelogs", "callback_plugins"} & set(path.parts)
             and path.suffix not in (".md", ".rst")
         )
     return files

@@ -44,6 +44,8 @@ def test_the_wheel_has_the_console_script_and_no_simulation(unpacked: Path):
     assert not [n for n in names if n.startswith(("tests/", "inventories/", "molecule/"))]
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
     assert "runner/systemd/gpufleet-reconcile.service" in names
+    # Not part of the project's hash (it changes nothing on a node), so named here.
+    assert "runner/project/playbooks/callback_plugins/gpufleet_module_cache.py" in names
 
 
 def test_the_wheel_declares_the_licence_and_carries_its_text(unpacked: Path):

@@ -327,9 +327,14 @@ def test_the_project_hash_follows_what_runs_not_its_documentation(tmp_path: Path
     fragment = tmp_path / "collections" / "ansible_collections" / "changelogs" / "f.yaml"
     fragment.parent.mkdir(parents=True)
     fragment.write_text("minor_changes: [a]\n")
+    # The controller's own plugin (playbooks/callback_plugins) changes nothing on a node.
+    callback = tmp_path / "playbooks" / "callback_plugins" / "gpufleet_module_cache.py"
+    callback.parent.mkdir(parents=True)
+    callback.write_text("# one\n")
     before = project_hash(tmp_path)
     readme.write_text("# The driver stage, explained better\n")
     fragment.write_text("minor_changes: [a, b]\n")
+    callback.write_text("# two\n")
     assert project_hash(tmp_path) == before
     tasks.write_text("- ansible.builtin.debug: {msg: two}\n")
     assert project_hash(tmp_path) != before
