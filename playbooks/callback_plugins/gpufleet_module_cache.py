@@ -19,6 +19,8 @@ lends each run the packs earlier runs made and keeps the new ones it made:
 - only modules named by their collection (ansible.modules.*, ansible_collections.*) are
   kept: a role's or a playbook's own library module has a name ansible-core does not
   tell apart from another of the same name;
+- ansible-core loads a pack with pickle, so a pack is code: the store's directories are
+  made 0700, and a store another user owns, or one others may write to, is not used;
 - GPUFLEET_MODULE_CACHE=off turns it off; nothing it does can fail a run: where the
   store cannot be read or written, the run packs its modules as it would without it.
 """
@@ -117,6 +119,12 @@ def _kept(name: str) -> bool:
     return name.startswith(KEPT) and not name.endswith((".lock", "-part"))
 
 
+def _private(path: str) -> bool:
+    """Whether only this user may write to `path` (a directory it owns)."""
+    stat = os.stat(path)
+    return stat.st_uid == os.getuid() and not stat.st_mode & 0o022
+
+
 def _prune(root: str, current: str) -> None:
     now = time.time()
     for name in os.listdir(root):
@@ -163,9 +171,14 @@ class CallbackModule(CallbackBase):
         if root is None:
             return
         try:
+            os.makedirs(root, mode=0o700, exist_ok=True)
+            if not _private(root):
+                return
             current = fingerprint()
             store = os.path.join(root, current)
-            os.makedirs(store, exist_ok=True)
+            os.makedirs(store, mode=0o700, exist_ok=True)
+            if not _private(store):
+                return
             os.utime(store)
             _prune(root, current)
             run_cache = os.path.join(C.DEFAULT_LOCAL_TMP, RUN_CACHE)

@@ -107,6 +107,7 @@ def test_a_second_run_packs_none_of_the_modules_the_first_packed(tmp_path):
     first = _run(site, str(store))
     assert {CORE, OURS, "ansible.legacy.say_local"} <= _packed(first), first.stdout[-2000:]
     (kept,) = store.iterdir()
+    assert kept.stat().st_mode & 0o777 == 0o700
     names = {p.name.split("-ZIP_")[0] for p in kept.iterdir()}
     assert {CORE, OURS} <= names and not any("say_local" in n for n in names), names
     second = _run(site, str(store))
@@ -134,6 +135,19 @@ def test_a_store_that_cannot_be_used_or_is_off_fails_no_run(tmp_path):
     assert _said(_run(site, str(blocked / "store"))) == "first"
     off = _run(site, "off")
     assert {CORE, OURS} <= _packed(off)
+
+
+def test_a_store_others_may_write_to_is_not_used(tmp_path):
+    """ansible-core loads a pack with pickle: a pack another user could have put in the
+    store would run as the controller's user."""
+    site, root = _site(tmp_path), tmp_path / "shared"
+    root.mkdir()
+    root.chmod(0o777)
+    run = _run(site, str(root))
+    assert {CORE, OURS} <= _packed(run)
+    assert list(root.iterdir()) == [], "nothing kept in a shared store"
+    again = _run(site, str(root))
+    assert {CORE, OURS} <= _packed(again)
 
 
 def test_a_store_of_other_sources_unused_for_a_day_is_removed(tmp_path):
