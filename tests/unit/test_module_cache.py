@@ -103,14 +103,21 @@ OURS = "ansible_collections.tests.cache.plugins.modules.say"
 
 
 def test_a_second_run_packs_none_of_the_modules_the_first_packed(tmp_path):
-    site, store = _site(tmp_path), tmp_path / "store"
-    first = _run(site, str(store))
+    site, root = _site(tmp_path), tmp_path / "store"
+    # Stores of other sources: one unused for a day (removed), one used lately (kept).
+    stale, recent = root / ("0" * 20), root / ("1" * 20)
+    for directory in (stale, recent):
+        directory.mkdir(parents=True)
+    day_ago = time.time() - 25 * 3600
+    os.utime(stale, (day_ago, day_ago))
+    first = _run(site, str(root))
     assert {CORE, OURS, "ansible.legacy.say_local"} <= _packed(first), first.stdout[-2000:]
-    (kept,) = store.iterdir()
+    assert not stale.exists() and recent.exists()
+    (kept,) = (p for p in root.iterdir() if p != recent)
     assert kept.stat().st_mode & 0o777 == 0o700
     names = {p.name.split("-ZIP_")[0] for p in kept.iterdir()}
     assert {CORE, OURS} <= names and not any("say_local" in n for n in names), names
-    second = _run(site, str(store))
+    second = _run(site, str(root))
     assert CORE not in _packed(second) and OURS not in _packed(second), second.stdout[-2000:]
     # The library module is not told apart from another of its name: packed each time.
     assert "ansible.legacy.say_local" in _packed(second)
@@ -128,34 +135,16 @@ def test_a_module_edited_between_runs_runs_as_edited(tmp_path):
     assert len(list(store.iterdir())) == 2, "each version of the sources has its own store"
 
 
-def test_a_store_that_cannot_be_used_or_is_off_fails_no_run(tmp_path):
+def test_a_store_that_is_off_unusable_or_shared_is_not_used_and_fails_no_run(tmp_path):
     site = _site(tmp_path)
+    assert {CORE, OURS} <= _packed(_run(site, "off"))
     blocked = tmp_path / "a-file"
     blocked.write_text("not a directory\n")
     assert _said(_run(site, str(blocked / "store"))) == "first"
-    off = _run(site, "off")
-    assert {CORE, OURS} <= _packed(off)
-
-
-def test_a_store_others_may_write_to_is_not_used(tmp_path):
-    """ansible-core loads a pack with pickle: a pack another user could have put in the
-    store would run as the controller's user."""
-    site, root = _site(tmp_path), tmp_path / "shared"
-    root.mkdir()
-    root.chmod(0o777)
-    run = _run(site, str(root))
-    assert {CORE, OURS} <= _packed(run)
-    assert list(root.iterdir()) == [], "nothing kept in a shared store"
-    again = _run(site, str(root))
-    assert {CORE, OURS} <= _packed(again)
-
-
-def test_a_store_of_other_sources_unused_for_a_day_is_removed(tmp_path):
-    site, root = _site(tmp_path), tmp_path / "store"
-    stale, recent = root / ("0" * 20), root / ("1" * 20)
-    for directory in (stale, recent):
-        directory.mkdir(parents=True)
-    day_ago = time.time() - 25 * 3600
-    os.utime(stale, (day_ago, day_ago))
-    _run(site, str(root))
-    assert not stale.exists() and recent.exists()
+    # ansible-core loads a pack with pickle: a pack another user could have put in the
+    # store would run as the controller's user.
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    assert {CORE, OURS} <= _packed(_run(site, str(shared)))
+    assert list(shared.iterdir()) == [], "nothing kept in a store others may write to"
