@@ -108,10 +108,13 @@ def _sources() -> list[str]:
 
 
 def fingerprint() -> str:
+    """Each source's path, size, mtime and ctime, as the runner's project_fingerprint
+    (runner/desired.py) has them: a copy that keeps the mtime still sets the ctime. (This
+    runs inside ansible-playbook, where the runner's package need not be importable.)"""
     digest = hashlib.sha256(f"{ANSIBLE_VERSION}\0{sys.version_info[:2]}\0".encode())
     for path in _sources():
         stat = os.stat(path)
-        digest.update(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
+        digest.update(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}\0{stat.st_ctime_ns}\0".encode())
     return digest.hexdigest()[:20]
 
 

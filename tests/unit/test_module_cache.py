@@ -133,6 +133,12 @@ def test_a_module_edited_between_runs_runs_as_edited(tmp_path):
     assert _said(edited) == "edited"
     assert OURS in _packed(edited)
     assert len(list(store.iterdir())) == 2, "each version of the sources has its own store"
+    # Edited again as a copy that keeps the size and the mtime would leave it.
+    before = say.stat()
+    say.write_text(MODULE % "copied")
+    os.utime(say, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert (say.stat().st_size, say.stat().st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+    assert _said(_run(site, str(store))) == "copied"
 
 
 def test_a_store_that_is_off_unusable_or_shared_is_not_used_and_fails_no_run(tmp_path):
