@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """A kernel update the driver's module did not follow (docs/kernels.md).
 
-On a converged simulated T4 (Debian 12, Debian's nvidia-kernel-dkms), Debian's current
+On a converged simulated T4 (Debian 12, Debian's nvidia-kernel-dkms; a copy of the
+session's onboarded node, conftest's bare_t4_snapshot), Debian's current
 kernel arrives as unattended-upgrades would bring it: the kernel metapackage, without
 headers, so DKMS's own kernel hook skips the module build. The probe finds the kernel
 that would boot next without an nvidia module; with the repair off, the driver stage
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from test_runner_e2e import FLEET, PROJECT, Fleet, start_fleet
+from test_runner_e2e import FLEET, NO_CONTAINERS, PROJECT, Fleet, start_fleet
 
 pytestmark = pytest.mark.fleet
 
@@ -33,18 +34,19 @@ SHORT_BACKOFF = ("--backoff-base", "1", "--backoff-cap", "1")
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+def fleet(tmp_path_factory: pytest.TempPathFactory, bare_t4_snapshot: str) -> Iterator[Fleet]:
     work = tmp_path_factory.mktemp("kernel")
-    inventory = start_fleet(work, {NODE: "t4-1"})
-    # The driver and its kernels are the subject: a node that runs no containers and
-    # serves no metrics has only the stages that matter here.
-    (inventory / "bare.yml").write_text(
-        "gpu_nodes:\n  vars:\n    gpufleet_containers: false\n    exporter_mode: none\n"
-    )
+    # A copy of the session's onboarded T4 (conftest), which runs no containers.
+    inventory = start_fleet(work, {NODE: "t4-1"}, from_snapshot=bare_t4_snapshot)
+    # The driver and its kernels are the subject: a node that serves no metrics either
+    # has only the stages that matter here (its first cycle stops the exporter).
+    (inventory / "bare.yml").write_text(NO_CONTAINERS + "    exporter_mode: none\n")
     try:
         fleet = Fleet(inventory, work / "state")
         first = fleet.runner("reconcile", "--once", *SHORT_BACKOFF)
         assert f"{NODE}: applied" in first.stdout, first.stdout + first.stderr
+        exporter = fleet.on_node(NODE, "systemctl", "is-active", "dcgm-exporter.service")
+        assert exporter.stdout.strip() == "inactive", exporter.stdout
         stages = fleet.status()[NODE]["stages"]
         assert (stages["toolkit"], stages["exporter"]) == ("disabled", "disabled"), stages
         yield fleet

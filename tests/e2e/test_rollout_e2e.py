@@ -2,6 +2,9 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """A driver rollout across reconcile cycles, on three simulated T4 nodes.
 
+The nodes start as copies of the session's onboarded T4 (conftest's bare_t4_snapshot:
+onboarding is asserted there), with a state database that has never seen them, as
+after a new controller took over a fleet gpufleet set up, booted as after a power cycle.
 Two nodes get an older driver build, one at a time (max_parallel 1), the first of them
 other exporter collectors with it; the third has its exporter stopped by hand while the
 first batch applies. The loop's cycles go on while a batch applies in the background,
@@ -20,7 +23,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from test_runner_e2e import FLEET, Fleet, cli_data, free_port, start_fleet
+from test_runner_e2e import FLEET, NO_CONTAINERS, Fleet, cli_data, free_port, start_fleet
 
 ROLLED = ["ro-1", "ro-2"]
 OTHER = "ro-3"
@@ -33,12 +36,13 @@ pytestmark = pytest.mark.fleet
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+def fleet(tmp_path_factory: pytest.TempPathFactory, bare_t4_snapshot: str) -> Iterator[Fleet]:
     work = tmp_path_factory.mktemp("e2e-rollout")
-    inventory = start_fleet(work, dict.fromkeys([*ROLLED, OTHER], "t4-1"))
+    nodes = dict.fromkeys([*ROLLED, OTHER], "t4-1")
+    inventory = start_fleet(work, nodes, from_snapshot=bare_t4_snapshot)
     # Nodes that run no containers (a Slurm site's, say): the driver and the exporter
     # are what this module rolls and repairs.
-    (inventory / "bare.yml").write_text("gpu_nodes:\n  vars:\n    gpufleet_containers: false\n")
+    (inventory / "bare.yml").write_text(NO_CONTAINERS)
     try:
         yield Fleet(inventory, work / "state")
     finally:
@@ -64,9 +68,17 @@ def _wait_for(proc: subprocess.Popen[str], text: str, seen: list[str]) -> None:
     pytest.fail(f"the loop ended before saying {text!r}:\n{''.join(seen[-40:])}")
 
 
-def test_the_fleet_onboards(fleet: Fleet):
+def test_the_copied_fleet_is_taken_over_and_converged(fleet: Fleet):
     result = fleet.reconcile("--once")
     assert result.returncode == 0, result.stdout + result.stderr
+    # New to this state database, the copies are known from their own records; they
+    # booted as a node does after a power cycle, with an empty /run, so the driver's
+    # readiness is found missing and put back (drift), and nothing else is applied.
+    for host in [*ROLLED, OTHER]:
+        line = f"{host}: applied; because drift, not in the state; repaired driver; now converged"
+        assert line in result.stdout, result.stdout
+        [drift] = _events(fleet, host, "drift")
+        assert drift["component"] == "driver", drift
     status = fleet.status()
     assert {h: r["status"] for h, r in status.items()} == dict.fromkeys(
         [*ROLLED, OTHER], "converged"

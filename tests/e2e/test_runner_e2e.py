@@ -39,6 +39,8 @@ PROJECT = Path(__file__).resolve().parents[2]
 FLEET = [sys.executable, str(PROJECT / "tests" / "sim" / "fleet.py")]
 NODES = {"e2e-t4": "t4-1", "e2e-cpu": "none"}
 GONE = "e2e-gone"
+# Group variables of nodes that run no containers (a Slurm site's, say).
+NO_CONTAINERS = "gpu_nodes:\n  vars:\n    gpufleet_containers: false\n"
 # Long backoff: a failed host stays skipped for the rest of the module.
 BACKOFF = ("--backoff-base", "3000", "--backoff-cap", "3000")
 # What a terminal is told besides text (CSI sequences): those that move the cursor
@@ -154,14 +156,16 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def start_fleet(work: Path, nodes: dict[str, str]) -> Path:
-    """Start simulated nodes (name -> profile); returns their inventory directory
-    (hosts.yml, and the simulated fleet's group_vars)."""
+def start_fleet(work: Path, nodes: dict[str, str], from_snapshot: str = "") -> Path:
+    """Start simulated nodes (name -> profile), from their release's image or from a
+    snapshot of a node's disk (conftest's bare_t4_snapshot); returns their inventory
+    directory (hosts.yml, and the simulated fleet's group_vars)."""
     inventory = work / "inventory"
     inventory.mkdir()
     hosts = inventory / "hosts.yml"
     names = [arg for name, profile in nodes.items() for arg in ("--node", f"{name}={profile}")]
-    subprocess.run([*FLEET, "up", *names, "--write-inventory", str(hosts)], check=True)
+    source = ["--from-snapshot", from_snapshot] if from_snapshot else []
+    subprocess.run([*FLEET, "up", *source, *names, "--write-inventory", str(hosts)], check=True)
     (inventory / "group_vars").symlink_to(PROJECT / "inventories" / "sim" / "group_vars")
     return inventory
 

@@ -15,6 +15,8 @@ repository (`repo`) mounted read-only at /srv/gpufleet-repo.
     python tests/sim/fleet.py up --count 20 --profile t4-1 --write-inventory out/hosts.yml
     python tests/sim/fleet.py up --copy-of sim-node01 --node sim-node02=t4-1  # a benchmark's
                                                # shortcut: a copy of a converged node's disk
+    python tests/sim/fleet.py snapshot sim-node01   # that copy as an image, its tag printed,
+    python tests/sim/fleet.py up --from-snapshot TAG --node sim-node03=t4-1   # to start from
     python tests/sim/fleet.py list | status | reboot NODE | down [NODE ...]
     python tests/sim/fleet.py drift NODE stop-service nvidia-persistenced
     python tests/sim/fleet.py fault NODE xid --gpu 0 --code 79   # or ecc-dbe, remap-pending,
@@ -331,8 +333,8 @@ def start_node(spec: NodeSpec, tag: str, repo: Path) -> None:
 
 def snapshot(source: str) -> str:
     """An image of a node's disk as it is now (podman commit): nodes started from it
-    boot as that node would after a restart. For benchmarks of a converged fleet,
-    which would otherwise onboard every node."""
+    boot as that node would after a restart. For benchmarks of a converged fleet, and
+    tests whose subject comes after onboarding, which would otherwise onboard every node."""
     tag = f"localhost/gpufleet-node-copy:{source}"
     podman("commit", "--quiet", source, tag)
     return tag
@@ -366,8 +368,11 @@ def profiles() -> list[str]:
     return sorted(p.stem for p in (KIT_DIR / "profiles").glob("*.yaml") if p.stem != "models")
 
 
-def up(specs: Sequence[NodeSpec], mirror: str, copy_of: str | None = None) -> None:
-    """Start `specs`, each from its release's image (or all from a copy of `copy_of`)."""
+def up(
+    specs: Sequence[NodeSpec], mirror: str, copy_of: str | None = None, image: str | None = None
+) -> None:
+    """Start `specs`, each from its release's image (or all from a copy of `copy_of`, or
+    from `image`, a snapshot taken before)."""
     if copy_of in {s.name for s in specs}:
         raise FleetError(f"--copy-of {copy_of}: the node copied cannot be one of those started")
     known = profiles()
@@ -377,7 +382,9 @@ def up(specs: Sequence[NodeSpec], mirror: str, copy_of: str | None = None) -> No
     running = {n["name"] for n in running_nodes() if n["state"] == "running"}
     check_inotify(len(running | {s.name for s in specs}))
     releases = {spec.release for spec in specs}
-    if copy_of:
+    if image:
+        tags = dict.fromkeys(releases, image)
+    elif copy_of:
         tags = dict.fromkeys(releases, snapshot(copy_of))
     else:
         tags = {release: build_image(mirror, release) for release in sorted(releases)}
@@ -459,11 +466,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     start.add_argument("--profile", default="t4-1")
     start.add_argument("--prefix", default="sim-node")
     start.add_argument("--write-inventory", type=Path, metavar="FILE")
-    start.add_argument(
+    source = start.add_mutually_exclusive_group()
+    source.add_argument(
         "--copy-of",
         metavar="NODE",
         help="start the nodes from a copy of NODE's disk (a benchmark's shortcut past onboarding)",
     )
+    source.add_argument(
+        "--from-snapshot",
+        metavar="TAG",
+        help="start the nodes from a snapshot taken before (see `snapshot`)",
+    )
+    shot = sub.add_parser("snapshot", help="copy a node's disk into an image; print its tag")
+    shot.add_argument("name")
     stop = sub.add_parser("down", help="remove nodes (default: every simulated node)")
     stop.add_argument("names", nargs="*")
     sub.add_parser("list", help="list simulated nodes")
@@ -512,9 +527,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 specs = args.node
             else:
                 specs = inventory_nodes(args.inventory)
-            up(specs, args.mirror, args.copy_of)
+            up(specs, args.mirror, args.copy_of, args.from_snapshot)
             if args.write_inventory:
                 write_inventory(specs, args.write_inventory)
+        elif args.command == "snapshot":
+            print(snapshot(args.name))
         elif args.command == "down":
             down(args.names)
         elif args.command == "list":
