@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from runner import inventory as in_process
-from runner import site
+from runner import ptyclose, site
 from runner.desired import (
     desired_hash,
     project_files,
@@ -323,6 +323,7 @@ class AnsibleEngine:
         """Run `playbook` on `hosts`; `name` says in progress lines what the run is."""
         import ansible_runner  # imported late: it is slow to import and not always needed
 
+        ptyclose.install()
         ident = uuid.uuid4().hex  # the run's artifacts directory, known before it starts
         progress = self.progress.run(name, hosts) if self.progress else None
         collector = EventCollector(progress, self.work_dir / "artifacts" / ident / "stdout")

@@ -621,3 +621,51 @@ def test_a_failed_tasks_progress_line_names_the_runs_ansible_output(tmp_path: Pa
     output = Path(line.split("Ansible's output: ", 1)[1])
     assert output.is_relative_to(tmp_path / "ansible" / "artifacts")
     assert "broken on purpose" in output.read_text()
+
+
+@pytest.fixture
+def pty_sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The sleeps taken in this process (ptyprocess's `time` is Python's: recorded, then
+    taken). pexpect polls with sleeps of 0.0001 s; ptyprocess's delay after close is 0.1 s."""
+    import ptyprocess.ptyprocess as pty_module
+
+    # ptyprocess as it comes, whichever test installed runner.ptyclose before this one
+    close = pty_module.PtyProcess.close
+    monkeypatch.setattr(pty_module.PtyProcess, "close", getattr(close, "__wrapped__", close))
+    sleeps: list[float] = []
+    sleep = pty_module.time.sleep
+
+    def recorded(seconds: float) -> None:
+        sleeps.append(seconds)
+        sleep(seconds)
+
+    monkeypatch.setattr(pty_module.time, "sleep", recorded)
+    return sleeps
+
+
+def test_a_run_closes_its_exited_playbooks_terminal_without_waiting(
+    tmp_path: Path, pty_sleeps: list[float]
+):
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "ok.yml").write_text(
+        "- hosts: all\n  gather_facts: false\n  tasks:\n    - ansible.builtin.ping:\n"
+    )
+    inventory = local_inventory(tmp_path / "inventory.yml", "n1")
+    engine = AnsibleEngine(project, str(inventory), tmp_path / "ansible")
+    assert engine._run("probe", "ok.yml", ["n1"]).hosts["n1"].reachable
+    assert max(pty_sleeps, default=0) < 0.01, "ptyprocess waited after the playbook had exited"
+
+
+def test_a_terminal_whose_process_still_runs_is_closed_as_ptyprocess_does(
+    pty_sleeps: list[float],
+):
+    import pexpect
+
+    from runner import ptyclose
+
+    ptyclose.install()
+    child = pexpect.spawn("sleep", ["30"])
+    child.close()
+    assert pty_sleeps[:1] == [child.ptyproc.delayafterclose] and pty_sleeps[0] > 0
+    assert not child.isalive() and child.signalstatus is not None, "the child is stopped"
