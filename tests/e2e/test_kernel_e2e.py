@@ -16,7 +16,9 @@ into a kernel without the module is refused.
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -91,6 +93,68 @@ def new_kernel(fleet: Fleet) -> str:
     return release
 
 
+# The DKMS build below compiles NVIDIA's module for real (about 200 files; the longest
+# step of the suite). ccache sits in front of the node's compiler for it, with its cache
+# kept on the host between runs beside the other build caches, so a warm run compiles
+# only what ccache cannot cache (most of it conftest.sh's probes): the build, its module and the
+# signing are DKMS's as before. Debian's kernel headers call the compiler as gcc-12,
+# which PATH finds first in /usr/local/bin. The build runs in apt's kernel header hook,
+# and apt runs dpkg with a PATH of its own (DPkg::Path, /usr/sbin:/usr/bin:/sbin:/bin):
+# on this node it is that PATH with /usr/local/bin first. The cache's place is in
+# ccache's system configuration, as no environment of ours reaches that build.
+COMPILER_CACHE = (
+    Path(os.environ.get("GPUFLEET_BUILD_CACHE") or Path.home() / ".cache" / "gpufleet")
+    / "e2e-dkms-ccache"
+)
+NODE_COMPILER_CACHE = "/var/cache/gpufleet-e2e-ccache"
+APT_COMPILER_PATH = "/etc/apt/apt.conf.d/99e2e-ccache"
+
+
+def _tar(source: list[str], target: list[str]) -> None:
+    """Stream a directory as tar from one command into another."""
+    with subprocess.Popen(source, stdout=subprocess.PIPE) as packing:
+        unpacked = subprocess.run(target, stdin=packing.stdout, check=False)
+    assert (packing.returncode, unpacked.returncode) == (0, 0), (source, target)
+
+
+@pytest.fixture(scope="module")
+def compiler_cache(fleet: Fleet) -> Iterator[None]:
+    """ccache as the node's gcc-12, its cache brought from the host and taken back."""
+    run_on_node(
+        fleet,
+        *("env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "install", "-y"),
+        *("--no-install-recommends", "ccache"),
+    )
+    settings = f"cache_dir = {NODE_COMPILER_CACHE}\\nmax_size = 2G\\n"
+    run_on_node(
+        fleet,
+        "sh",
+        "-c",
+        f"printf '{settings}' > /etc/ccache.conf && mkdir -p {NODE_COMPILER_CACHE}"
+        " && ln -sf /usr/bin/ccache /usr/local/bin/gcc-12",
+    )
+    path = 'DPkg::Path "/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";'
+    run_on_node(fleet, "sh", "-c", f"echo '{path}' > {APT_COMPILER_PATH}")
+    if COMPILER_CACHE.is_dir():
+        _tar(
+            ["tar", "-C", str(COMPILER_CACHE), "-cf", "-", "."],
+            ["podman", "exec", "-i", NODE, "tar", "-C", NODE_COMPILER_CACHE, "-xf", "-"],
+        )
+    run_on_node(fleet, "ccache", "--zero-stats")
+    yield
+    # Taken back whole or not at all: unpacked beside the old cache, then put in its place.
+    fresh = COMPILER_CACHE.with_name(COMPILER_CACHE.name + ".new")
+    shutil.rmtree(fresh, ignore_errors=True)
+    fresh.mkdir(parents=True)
+    _tar(
+        ["podman", "exec", NODE, "tar", "-C", NODE_COMPILER_CACHE, "-cf", "-", "."],
+        ["tar", "-C", str(fresh), "-xf", "-"],
+    )
+    print(run_on_node(fleet, "ccache", "--show-stats"))  # this run's hits (pytest -s)
+    shutil.rmtree(COMPILER_CACHE, ignore_errors=True)
+    fresh.rename(COMPILER_CACHE)
+
+
 def modules_of(fleet: Fleet, release: str) -> list[str]:
     """The modules DKMS installed for `release` (the kernel's own tree has NVIDIA-named
     platform drivers, nvidia-wmi-ec-backlight, that are not the GPU driver)."""
@@ -149,7 +213,7 @@ def site_signing_key(fleet: Fleet, work: Path) -> str:
 
 
 def test_the_next_cycle_has_dkms_build_the_module_for_that_kernel_signed_with_the_sites_key(
-    fleet: Fleet, new_kernel: str, tmp_path: Path
+    fleet: Fleet, new_kernel: str, compiler_cache: None, tmp_path: Path
 ):
     serial = site_signing_key(fleet, tmp_path)
     time.sleep(2)  # past the backoff
