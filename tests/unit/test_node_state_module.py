@@ -49,6 +49,9 @@ class FakeNode:
         self.packages: dict[str, tuple[str, str]] = {}
         # unit -> (UnitFileState, ActiveState)
         self.services: dict[str, tuple[str, str]] = {}
+        # unit -> the ActiveStates its next reads give, before its state above
+        self.passing: dict[str, list[str]] = {}
+        self.slept: list[float] = []
         # PCI bus id -> MIG mode as nvidia-smi prints it
         self.gpus: dict[str, str] = {}
         # PCI bus id -> profiles of its MIG devices as `nvidia-smi -L` lists them
@@ -98,6 +101,8 @@ class FakeNode:
             blocks = []
             for unit in argv[4:]:
                 file_state, active = self.services.get(unit, ("", "inactive"))
+                if self.passing.get(unit):
+                    active = self.passing[unit].pop(0)
                 # systemd prints properties in its own order, not the order asked.
                 blocks.append(f"ActiveState={active}\nUnitFileState={file_state}\nId={unit}\n")
             return 0, "\n".join(blocks), ""
@@ -151,7 +156,7 @@ class FakeNode:
         return (15 if self.lost else 0), "\n".join(lines) + "\n", ""
 
     def reader(self, **kwargs) -> ns.Reader:
-        return ns.Reader(self.run, self.which, str(self.sysfs), **kwargs)
+        return ns.Reader(self.run, self.which, str(self.sysfs), sleep=self.slept.append, **kwargs)
 
 
 @pytest.fixture
@@ -341,6 +346,28 @@ def test_a_stopped_or_disabled_service_is_drift(node, components):
         "unit_file_state": "disabled",
         "active_state": "active",
     }
+
+
+def test_a_service_still_starting_is_read_again_until_it_settles(node, components):
+    """A node probed just after it booted: containerd still starting, then up. Only the
+    unit on its way is asked again, once a second, and no drift is found."""
+    node.passing["containerd"] = ["activating", "activating"]
+    assert record_then_probe(node, components) == {}
+    assert node.slept == [1, 1]
+    asked = [c[4:] for c in node.calls if os.path.basename(c[0]) == "systemctl"]
+    assert asked[:3] == [["containerd", "nvidia-cdi-refresh.path"], ["containerd"], ["containerd"]]
+
+
+def test_a_service_that_keeps_restarting_is_drift_once_the_wait_is_over(node, components):
+    def crash_loop():
+        node.passing["containerd"] = ["activating"] * 100  # auto-restart, again and again
+
+    drift = record_then_probe(node, components, crash_loop)
+    assert drift["runtime_config"][0]["current"] == {
+        "unit_file_state": "enabled",
+        "active_state": "activating",
+    }
+    assert node.slept == [1] * ns.SETTLE_SECONDS
 
 
 def test_a_driver_version_change_is_drift_of_the_driver(node, components):

@@ -24,6 +24,7 @@ import os
 import pwd
 import re
 import stat
+import time
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import (
     discovery,
@@ -53,6 +54,13 @@ DPKG_QUERY_FORMAT = "${Package}|${Version}|${db:Status-Abbrev}\n"
 RPM_QUERY_FORMAT = "%{NAME}|%|EPOCH?{%{EPOCH}:}:{}|%{VERSION}-%{RELEASE}\n"
 SMI_FIELDS = ("pci.bus_id", "uuid", "serial", "mig.mode.current")
 SYSTEMCTL_PROPERTIES = ("Id", "UnitFileState", "ActiveState")
+# A unit on its way between two states (starting, stopping, reloading, or waiting to be
+# restarted after it failed) is read again, once a second, for up to this many seconds
+# before its state counts: a node probed just after it booted has services still
+# starting, which is not drift, and a record written then would hold a state that
+# passes.
+TRANSITIONAL_STATES = ("activating", "deactivating", "reloading")
+SETTLE_SECONDS = 10
 _HASH_CHUNK = 1 << 20
 
 
@@ -265,11 +273,21 @@ class Reader:
     Problems that leave a state unknown are collected in `warnings`.
     """
 
-    def __init__(self, run, which, sysfs_root="/sys", versionlock_lists=VERSIONLOCK_LISTS):
+    def __init__(
+        self,
+        run,
+        which,
+        sysfs_root="/sys",
+        versionlock_lists=VERSIONLOCK_LISTS,
+        sleep=time.sleep,
+        settle_seconds=SETTLE_SECONDS,
+    ):
         self.run = run
         self.which = which
         self.sysfs_root = sysfs_root
         self.versionlock_lists = versionlock_lists
+        self.sleep = sleep
+        self.settle_seconds = settle_seconds
         self.warnings = []
         self._answer = None  # nvidia-smi's rows and unreachable GPUs, asked once
 
@@ -306,7 +324,18 @@ class Reader:
         return {name: {"error": "no package manager"} for name in names}
 
     def services(self, units):
-        """One `systemctl show` call for all units."""
+        """One `systemctl show` call for all units; then, while some are in a
+        transitional state, one a second for those, up to settle_seconds."""
+        states = self._services(units)
+        for _ in range(self.settle_seconds):
+            moving = [u for u in units if states[u].get("active_state") in TRANSITIONAL_STATES]
+            if not moving:
+                break
+            self.sleep(1)
+            states.update(self._services(moving))
+        return states
+
+    def _services(self, units):
         if not units:
             return {}
         systemctl = self.which("systemctl")
