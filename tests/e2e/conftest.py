@@ -1,7 +1,8 @@
 # Copyright: gpufleet developers
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Make the simulation's tools (tests/sim: the fleet and the test control plane)
-importable; the session's onboarded node that later modules start copies of."""
+importable; the session's onboarded node that later modules start copies of, and its
+controller installed from the wheel, which the modules that play a site share."""
 
 from __future__ import annotations
 
@@ -52,3 +53,13 @@ def bare_t4_snapshot(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         subprocess.run([*FLEET, "down", BARE_T4], check=False)
         if tag:
             subprocess.run(["podman", "rmi", "--force", tag], check=False, capture_output=True)
+
+
+@pytest.fixture(scope="session")
+def installed_gpufleet(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """gpufleet's wheel, built from the checkout and installed offline into a virtualenv
+    once per session (test_runner_e2e.installed_controller); the modules that run it
+    as a site would only run it, so they share it."""
+    from test_runner_e2e import installed_controller
+
+    return installed_controller(tmp_path_factory.mktemp("installed"))

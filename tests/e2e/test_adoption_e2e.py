@@ -26,7 +26,6 @@ from test_runner_e2e import (
     FLEET,
     PROJECT,
     cli_data,
-    installed_controller,
     site_directory,
     start_fleet,
 )
@@ -141,7 +140,7 @@ class Site:
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
+def site(tmp_path_factory: pytest.TempPathFactory, installed_gpufleet: Path) -> Iterator[Site]:
     work = tmp_path_factory.mktemp("adopt")
     inventory = start_fleet(work, {NODE: "t4-1"})
     try:
@@ -150,8 +149,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
         # nouveau holds the T4 until a boot loads the module the packages installed.
         subprocess.run([*FLEET, "reboot", NODE], check=True)
         assert driver_seen()[0] == DRIVER
-        venv = installed_controller(work)
-        gpufleet = site_directory(work / "site", venv, inventory)
+        gpufleet = site_directory(work / "site", installed_gpufleet, inventory)
         # The site installs its container runtime itself (the simulated fleet's
         # group_vars have gpufleet install Debian's containerd on bare nodes).
         host_vars = work / "site" / "inventory" / "host_vars"

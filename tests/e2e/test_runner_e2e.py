@@ -942,14 +942,14 @@ def site_directory(
 
 
 def test_an_installed_controller_runs_from_a_site_with_the_sites_own_ansible(
-    fleet: Fleet, tmp_path: Path
+    fleet: Fleet, installed_gpufleet: Path, tmp_path: Path
 ):
     """gpufleet installed from its wheel into a virtualenv of its own, run from a
     directory holding only the site's inventory and ansible.cfg, no checkout in
     sight: the playbooks are the package's, Ansible logs where the site's ansible.cfg
     says, the fleet's bastion-like ProxyCommand works from inventory variables alone,
     and a web server in the site's inventory (no node behind it) is never contacted."""
-    venv, site = installed_controller(tmp_path), tmp_path / "site"
+    venv, site = installed_gpufleet, tmp_path / "site"
     gpufleet = site_directory(site, venv, fleet.inventory)
 
     version = gpufleet("version")
