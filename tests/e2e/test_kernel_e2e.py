@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from test_runner_e2e import FLEET, NO_CONTAINERS, PROJECT, Fleet, start_fleet
+from test_runner_e2e import FLEET, NO_CONTAINERS, PROJECT, Fleet, _copy_to_node, start_fleet
 
 pytestmark = pytest.mark.fleet
 
@@ -102,19 +102,14 @@ def new_kernel(fleet: Fleet) -> str:
 # and apt runs dpkg with a PATH of its own (DPkg::Path, /usr/sbin:/usr/bin:/sbin:/bin):
 # on this node it is that PATH with /usr/local/bin first. The cache's place is in
 # ccache's system configuration, as no environment of ours reaches that build.
-COMPILER_CACHE = (
-    Path(os.environ.get("GPUFLEET_BUILD_CACHE") or Path.home() / ".cache" / "gpufleet")
-    / "e2e-dkms-ccache"
+# (where tests/sim's build scripts keep theirs: $GPUFLEET_BUILD_CACHE, else under
+# $XDG_CACHE_HOME or ~/.cache)
+BUILD_CACHE = os.environ.get("GPUFLEET_BUILD_CACHE") or (
+    Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpufleet"
 )
+COMPILER_CACHE = Path(BUILD_CACHE) / "e2e-dkms-ccache"
 NODE_COMPILER_CACHE = "/var/cache/gpufleet-e2e-ccache"
 APT_COMPILER_PATH = "/etc/apt/apt.conf.d/99e2e-ccache"
-
-
-def _tar(source: list[str], target: list[str]) -> None:
-    """Stream a directory as tar from one command into another."""
-    with subprocess.Popen(source, stdout=subprocess.PIPE) as packing:
-        unpacked = subprocess.run(target, stdin=packing.stdout, check=False)
-    assert (packing.returncode, unpacked.returncode) == (0, 0), (source, target)
 
 
 @pytest.fixture(scope="module")
@@ -136,20 +131,19 @@ def compiler_cache(fleet: Fleet) -> Iterator[None]:
     path = 'DPkg::Path "/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";'
     run_on_node(fleet, "sh", "-c", f"echo '{path}' > {APT_COMPILER_PATH}")
     if COMPILER_CACHE.is_dir():
-        _tar(
-            ["tar", "-C", str(COMPILER_CACHE), "-cf", "-", "."],
-            ["podman", "exec", "-i", NODE, "tar", "-C", NODE_COMPILER_CACHE, "-xf", "-"],
-        )
+        _copy_to_node(NODE, COMPILER_CACHE, NODE_COMPILER_CACHE)
     run_on_node(fleet, "ccache", "--zero-stats")
     yield
     # Taken back whole or not at all: unpacked beside the old cache, then put in its place.
     fresh = COMPILER_CACHE.with_name(COMPILER_CACHE.name + ".new")
     shutil.rmtree(fresh, ignore_errors=True)
     fresh.mkdir(parents=True)
-    _tar(
+    with subprocess.Popen(
         ["podman", "exec", NODE, "tar", "-C", NODE_COMPILER_CACHE, "-cf", "-", "."],
-        ["tar", "-C", str(fresh), "-xf", "-"],
-    )
+        stdout=subprocess.PIPE,
+    ) as packing:
+        unpacked = subprocess.run(["tar", "-C", str(fresh), "-xf", "-"], stdin=packing.stdout)
+    assert (packing.returncode, unpacked.returncode) == (0, 0), "the cache did not come back"
     print(run_on_node(fleet, "ccache", "--show-stats"))  # this run's hits (pytest -s)
     shutil.rmtree(COMPILER_CACHE, ignore_errors=True)
     fresh.rename(COMPILER_CACHE)
