@@ -339,6 +339,43 @@ def test_a_kernel_that_cannot_have_its_module_is_held_back_on_one_that_has_it(
     assert "cycle: 1 probed, 0 planned, 0 applied" in last.stdout, last.stdout
 
 
+def kernel_holds(fleet: Fleet) -> list[str]:
+    """The kernel packages dpkg holds (apt-mark's list; the driver's are nvidia-*)."""
+    return [name for name in run_on_node(fleet, "apt-mark", "showhold").split() if "linux" in name]
+
+
+def test_held_kernel_updates_hold_the_kernel_packages_and_give_back_only_gpufleets_holds(
+    fleet: Fleet, new_kernel: str
+):
+    # The site held its kernel's headers itself, before gpufleet held anything.
+    run_on_node(fleet, "apt-mark", "hold", f"linux-headers-{new_kernel}")
+    setting = fleet.inventory / "kernel-updates.yml"
+    setting.write_text("all:\n  vars:\n    driver_kernel_updates: held\n")
+    kernel = {"linux-image-amd64", f"linux-image-{new_kernel}", f"linux-headers-{new_kernel}"}
+    try:
+        result = fleet.runner("reconcile", "--once", *SHORT_BACKOFF)
+        assert f"  {NODE}: applied; because " in result.stdout, result.stdout + result.stderr
+        assert kernel <= set(kernel_holds(fleet)), kernel_holds(fleet)
+        listed = run_on_node(fleet, "cat", "/var/lib/gpufleet/kernel-holds").splitlines()
+        assert "linux-image-amd64" in listed and f"linux-image-{new_kernel}" in listed, listed
+        assert f"linux-headers-{new_kernel}" not in listed  # the site's own
+        # A hold released by hand is drift, and put back.
+        run_on_node(fleet, "apt-mark", "unhold", "linux-image-amd64")
+        again = fleet.runner("reconcile", "--once", *SHORT_BACKOFF)
+        assert f"  {NODE}: applied; because drift" in again.stdout, again.stdout + again.stderr
+        assert "linux-image-amd64" in kernel_holds(fleet)
+        steady = fleet.runner("plan")
+        assert steady.returncode == 0, steady.stdout + steady.stderr  # nothing pending
+    finally:
+        setting.unlink()
+    # Back at guarded: gpufleet's holds go, the site's stays, and so does its list.
+    back = fleet.runner("reconcile", "--once", *SHORT_BACKOFF)
+    assert f"  {NODE}: applied; because " in back.stdout, back.stdout + back.stderr
+    assert kernel_holds(fleet) == [f"linux-headers-{new_kernel}"]
+    assert fleet.on_node(NODE, "test", "-e", "/var/lib/gpufleet/kernel-holds").returncode == 1
+    run_on_node(fleet, "apt-mark", "unhold", f"linux-headers-{new_kernel}")
+
+
 REBOOT_PLAY = """\
 - name: Reboot the node as the MIG stage does
   hosts: {node}

@@ -128,6 +128,7 @@ BAD_SETTINGS = [
     ("0x2330", {"driver_source": "ppa"}, "driver_source"),
     ("0x2330", {"driver_hold_packages": "sometimes"}, "driver_hold_packages"),
     ("0x2330", {"driver_reboot_policy": "always"}, "driver_reboot_policy"),
+    ("0x2330", {"driver_kernel_updates": "frozen"}, "driver_kernel_updates"),
     ("0x2330", {"driver_branch": "53x"}, "driver_branch: expected a three-digit"),
     (
         "0x2330",

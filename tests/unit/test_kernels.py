@@ -168,6 +168,7 @@ def _read(tmp_path: Path, running: str, modinfo: dict[str, str]) -> dict:
         "GRUB_SETTINGS": str(tmp_path / "default-grub"),
         "GRUB_SETTINGS_DIR": str(tmp_path / "default-grub.d"),
         "BLS_ENTRIES_DIR": str(tmp_path / "no-bls-entries"),
+        "KERNEL_HOLDS_FILE": str(tmp_path / "kernel-holds"),
     }
     facts = kernels.read(run, lambda name: f"/usr/sbin/{name}", paths)
     facts["running"] = running  # the test machine's own kernel otherwise

@@ -11,6 +11,10 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils.lazy import LazyMo
 
 dp = LazyModule("ansible_collections.gpufleet.nvidia.plugins.module_utils.driver_plan")
 kernels = LazyModule("ansible_collections.gpufleet.nvidia.plugins.module_utils.kernels")
+kernel_updates = LazyModule(
+    "ansible_collections.gpufleet.nvidia.plugins.module_utils.kernel_updates"
+)
+node_state = LazyModule("ansible_collections.gpufleet.nvidia.plugins.module_utils.node_state")
 secureboot = LazyModule("ansible_collections.gpufleet.nvidia.plugins.module_utils.secureboot")
 
 
@@ -103,6 +107,17 @@ def driver_kernel_repair(plan, release, available=()):
     return kernels.repair_packages(plan, release, available or [])
 
 
+def driver_kernel_holds(listing, family, owned=(), exclude=(), locked=""):
+    """The kernel packages to hold, and which holds are gpufleet's; see
+    kernel_updates.plan. `listing` is what the role's dpkg-query (rpm -q on RHEL)
+    printed, `locked` dnf's versionlock.list (RHEL)."""
+    if family == "rhel":
+        packages = kernel_updates.installed_rpm(listing, node_state.versionlocked(locked or ""))
+    else:
+        packages = kernel_updates.installed_dpkg(listing)
+    return kernel_updates.plan(packages, owned or [], exclude or [])
+
+
 def driver_differs(driver, plan):
     """Whether the driver (version, module_type) is not the one the plan installs."""
     return dp.differs(driver.get("version"), driver.get("module_type"), plan)
@@ -125,6 +140,7 @@ class FilterModule:
             "driver_plan": driver_plan,
             "driver_kernel_modules": driver_kernel_modules,
             "driver_kernel_repair": driver_kernel_repair,
+            "driver_kernel_holds": driver_kernel_holds,
             "driver_differs": driver_differs,
             "certificate_fingerprint": certificate_fingerprint,
         }

@@ -33,7 +33,7 @@ from __future__ import annotations
 import os
 import re
 
-from ansible_collections.gpufleet.nvidia.plugins.module_utils import bls, grub
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import bls, grub, kernel_updates
 
 BOOT_DIR = "/boot"
 MODULES_DIR = "/lib/modules"
@@ -193,13 +193,15 @@ def dkms_sources(src_dir=DKMS_SOURCES):
 
 def read(run, which, paths=None):
     """The node's kernels: {running, installed, boot_next, boot_next_from, modules, dkms,
-    grub}, where modules maps each installed release (and the running one) to its nvidia
-    module ({path, version, built_for, signer, sig_key}) or None, dkms lists the module
-    sources DKMS could build (dkms_sources) and grub is grub_facts' (bls_facts' on a node
-    that boots BLS entries, as RHEL's do). `run(argv)` gives (rc, out, err); `which` a
-    program's path. `paths` overrides BOOT_DIR, MODULES_DIR, GRUBENV_PATHS, DKMS_SOURCES,
-    GRUB_CFG_PATHS, GRUB_SETTINGS, GRUB_SETTINGS_DIR, GRUB_HOLD_FILE, BLS_ENTRIES_DIR,
-    BLS_HOLD_FILE and SYSCONFIG_KERNEL (by those names, for tests)."""
+    grub, held_packages}, where modules maps each installed release (and the running
+    one) to its nvidia module ({path, version, built_for, signer, sig_key}) or None,
+    dkms lists the module sources DKMS could build (dkms_sources), grub is grub_facts'
+    (bls_facts' on a node that boots BLS entries, as RHEL's do) and held_packages names
+    the kernel packages gpufleet holds (kernel_updates.HOLDS_FILE; None without that
+    file). `run(argv)` gives (rc, out, err); `which` a program's path. `paths`
+    overrides BOOT_DIR, MODULES_DIR, GRUBENV_PATHS, DKMS_SOURCES, GRUB_CFG_PATHS,
+    GRUB_SETTINGS, GRUB_SETTINGS_DIR, GRUB_HOLD_FILE, BLS_ENTRIES_DIR, BLS_HOLD_FILE,
+    SYSCONFIG_KERNEL and KERNEL_HOLDS_FILE (by those names, for tests)."""
     where = {
         "BOOT_DIR": BOOT_DIR,
         "MODULES_DIR": MODULES_DIR,
@@ -212,6 +214,7 @@ def read(run, which, paths=None):
         "BLS_ENTRIES_DIR": bls.ENTRIES_DIR,
         "BLS_HOLD_FILE": bls.HOLD_FILE,
         "SYSCONFIG_KERNEL": bls.SYSCONFIG_KERNEL,
+        "KERNEL_HOLDS_FILE": kernel_updates.HOLDS_FILE,
         **(paths or {}),
     }
     releases = installed(where["BOOT_DIR"])
@@ -238,6 +241,7 @@ def read(run, which, paths=None):
         "dkms": dkms_sources(where["DKMS_SOURCES"]),
         "grub": entries
         or grub_facts(config, menu, settings, where["GRUB_HOLD_FILE"], releases, grubenv),
+        "held_packages": kernel_updates.owned(_read(where["KERNEL_HOLDS_FILE"])),
     }
 
 

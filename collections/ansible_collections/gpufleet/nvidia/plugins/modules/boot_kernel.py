@@ -84,7 +84,9 @@ kernel:
       file that set GRUB_DEFAULT, to the value they set (C(read_after)); with
       C(grubby), also the kernel held back (C(held_back)), C(/etc/sysconfig/kernel)
       (C(sysconfig)) and its UPDATEDEFAULT now (C(updatedefault)) and the site's own
-      (C(site_updatedefault)), and whether GRUB_DEFAULT is C(saved) (C(saved)).
+      (C(site_updatedefault)), and whether GRUB_DEFAULT is C(saved) (C(saved));
+      C(held_packages), the kernel packages gpufleet holds
+      (C(/var/lib/gpufleet/kernel-holds), driver_kernel_updates C(held)).
   returned: always
   type: dict
 signing_key:
