@@ -2,14 +2,14 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Rollout pools and their policies, read from the inventory.
 
-A disruptive change (a driver reload, a MIG layout, a container runtime restart)
-reaches the hosts of a pool a batch at a time (at most one under way per pool), within
-the pool's budget. A host's pool is its `gpufleet_rollout_pool` (set in the group_vars
-of a group of like nodes; "all" when unset); each pool's policy comes from the
-variables below, which must agree across the pool's hosts, and falls back to the
-reconciler's options. Pools roll independently: a pool of training nodes can take
-two at a time while a pool of inference nodes takes one, and a failure in one halts
-that pool only.
+A disruptive change (a driver reload, a kernel move, a MIG layout, a container runtime
+restart) reaches the hosts of a pool a batch at a time (at most one under way per pool),
+within the pool's budget. A host's pool is its `gpufleet_rollout_pool` (set in the
+group_vars of a group of like nodes; "all" when unset); each pool's policy comes from
+the variables below, which must agree across the pool's hosts, and falls back to the
+reconciler's options. Pools roll independently: a pool of training nodes can take two at
+a time while a pool of inference nodes takes one, and a failure in one halts that pool
+only.
 """
 
 from __future__ import annotations

@@ -120,9 +120,10 @@ class HostRun:
     @property
     def disruptive(self) -> bool:
         """Whether applying this (planned) run would disrupt the node's workloads: a
-        driver change that reloads or reboots, a MIG layout change, or a container
-        runtime to be restarted with a new configuration while containers run on it
-        (the plan asked it; Docker's live-restore keeps them running)."""
+        driver change that reloads or reboots (a move to the kernel driver_kernel_release
+        names reboots too), a MIG layout change, or a container runtime to be restarted
+        with a new configuration while containers run on it (the plan asked it; Docker's
+        live-restore keeps them running)."""
         runtime = self.stages.get("runtime_config") or {}
         reloads = any(
             bool((self.stages.get(stage) or {}).get("disruptive"))

@@ -5,8 +5,13 @@ of those holds are gpufleet's to release again (docs/kernels.md)."""
 
 from __future__ import annotations
 
+import json
+import sys
+from pathlib import Path
+
 from ansible_collections.gpufleet.nvidia.plugins.filter.driver import driver_kernel_holds
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import kernel_updates
+from conftest import PROJECT, run_ansible
 
 # What dpkg-query -W -f='${db:Status-Abbrev} ${Package}\n' prints for the patterns on a
 # Debian node: the site held the headers metapackage itself; an old kernel was removed
@@ -74,4 +79,53 @@ def test_gpufleets_list_reads_back_without_its_comments_and_is_none_without_the_
     assert kernel_updates.owned("# Kernel packages gpufleet holds\n") == []
     assert kernel_updates.owned("# x\nlinux-image-amd64\n\nlinux-image-amd64\n") == [
         "linux-image-amd64"
+    ]
+
+
+PLAY = """\
+- name: The driver stage's kernel holds
+  hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: Hold, or stop
+      ansible.builtin.include_tasks: {tasks}
+"""
+
+
+def test_a_newer_kernel_that_would_boot_instead_of_the_release_stops_the_stage_naming_both(
+    tmp_path: Path,
+):
+    """kernel-updates.yml as the driver stage runs it after kernel.yml, with what
+    boot_kernel read: the release is installed, a newer kernel would boot."""
+    play = tmp_path / "holds.yml"
+    play.write_text(PLAY.format(tasks=PROJECT / "roles/driver/tasks/kernel-updates.yml"))
+    extra = {
+        "ansible_python_interpreter": sys.executable,
+        "driver_kernel_updates": "held",
+        "driver_kernel_release": "6.1.0-41-amd64",
+        "_driver_plan": {"family": "debian"},
+        "_driver_boot_kernel": {
+            "kernel": {
+                "boot_next": "6.12.57+deb12-amd64",
+                "boot_next_from": "newest installed",
+                "held_packages": None,
+            }
+        },
+    }
+    rc, report = run_ansible(
+        "ansible-playbook", "-i", "localhost,", "-c", "local", str(play), "-e", json.dumps(extra)
+    )
+    [task] = [t for t in report["plays"][0]["tasks"] if t["hosts"]["localhost"].get("failed")]
+    said = " ".join(task["hosts"]["localhost"]["msg"].split())
+    assert rc == 2
+    assert said == (
+        "driver_kernel_release is 6.1.0-41-amd64, but localhost would boot kernel "
+        "6.12.57+deb12-amd64 next (newest installed). Remove that kernel (apt purge "
+        "linux-image-6.12.57+deb12-amd64, dnf remove kernel-core-6.12.57+deb12-amd64), make "
+        "6.1.0-41-amd64 the boot default, or name 6.12.57+deb12-amd64 in driver_kernel_release."
+    )
+    # Nothing ran before it: no package listed, held or written.
+    assert [t["task"]["name"] for t in report["plays"][0]["tasks"]] == [
+        "Hold, or stop",
+        "Stop where another kernel than driver_kernel_release would boot",
     ]

@@ -201,6 +201,14 @@ CERTIFICATE = {
             "slurm_gres_types: expected empty with slurm_gres_autodetect 'nvml': Slurm's "
             "AutoDetect names the types itself",
         ),
+        (
+            {"driver_kernel_updates": "held", "driver_kernel_release": "linux-image-amd64"},
+            'driver_kernel_release: expected a kernel release as uname -r prints it, such as "6.1',
+        ),
+        (
+            {"driver_kernel_release": "6.1.0-41-amd64"},
+            "driver_kernel_release: '6.1.0-41-amd64' needs driver_kernel_updates: held",
+        ),
     ],
 )
 def test_a_wrong_value_is_named_with_the_form_expected(values, words):
@@ -257,6 +265,9 @@ def test_a_wrong_value_is_named_with_the_form_expected(values, words):
         {"driver_secure_boot_signing_key": "", "driver_secure_boot_signing_certificate": ""},
         {"slurm_gres_autodetect": "nvml", "slurm_gres_types": {}},
         {"slurm_gres_autodetect": "", "slurm_gres_types": {"Tesla T4": "t4"}},
+        {"driver_kernel_updates": "held", "driver_kernel_release": "6.12.57+deb13-amd64"},
+        {"driver_kernel_updates": "held", "driver_kernel_release": "5.14.0-427.13.1.el9_4.x86_64"},
+        {"driver_kernel_updates": "guarded", "driver_kernel_release": ""},
     ],
 )
 def test_a_right_value_passes(values):

@@ -61,6 +61,9 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils.openpgp import nor
 _REGISTRY = re.compile(r"^[A-Za-z0-9.-]+(:[0-9]+)?(/[a-z0-9]+([._-]+[a-z0-9]+)*)*$")
 # Debian's package names and versions (deb-version: [epoch:]upstream[-revision]).
 _PACKAGE = re.compile(r"^[a-z0-9][a-z0-9+.-]+$")
+# A kernel release as `uname -r` prints it: 6.1.0-41-amd64, 6.8.0-49-generic,
+# 5.14.0-427.13.1.el9_4.x86_64 (also the tail of its package's name).
+_KERNEL_RELEASE = re.compile(r"^[0-9]+\.[0-9]+[0-9A-Za-z.+_~-]*$")
 _DEB_VERSION = re.compile(r"^([0-9]+:)?[0-9][A-Za-z0-9.+~]*(-[A-Za-z0-9.+~]+)?$")
 _TOOLKIT_VERSION = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+(~rc\.[0-9]+)?(-[0-9]+)?$")
 # A systemd unit name (the .service suffix may be left out).
@@ -265,6 +268,11 @@ RULES = {
     "driver_debian_mirror": _URL,
     "driver_debian_security_mirror": _URL,
     "driver_kernel_headers_packages": (_each(_match(_PACKAGE)), "Debian package names"),
+    "driver_kernel_release": (
+        _optional(_match(_KERNEL_RELEASE, 100)),
+        'a kernel release as uname -r prints it, such as "6.1.0-41-amd64" (or empty: the'
+        " kernels installed stay)",
+    ),
     "driver_secure_boot_signing_key": (
         _pem("PRIVATE KEY"),
         "a private key in PEM form (-----BEGIN PRIVATE KEY-----), or empty",
@@ -477,8 +485,21 @@ def _toleration_problem(toleration):
 
 def _driver_problems(values):
     """A driver_version of another branch than driver_branch (each well-formed); a
-    module-signing key without its certificate, or the other way round."""
-    return _branch_problems(values) + _signing_problems(values)
+    module-signing key without its certificate, or the other way round; a kernel named
+    while kernel updates are not held."""
+    return _branch_problems(values) + _signing_problems(values) + _release_problems(values)
+
+
+def _release_problems(values):
+    release = values.get("driver_kernel_release")
+    updates = values.get("driver_kernel_updates", "guarded")
+    if not (isinstance(release, str) and release) or updates == "held":
+        return []
+    return [
+        f"driver_kernel_release: {release!r} needs driver_kernel_updates: held (a kernel"
+        " named while updates come from the distribution would be left behind by the next"
+        f" one); got driver_kernel_updates {updates!r}."
+    ]
 
 
 def _branch_problems(values):
