@@ -364,7 +364,8 @@ def main() -> int:
         sweep2 = measure("reconcile --once (again)", args.nodes, reconcile)
         target = names[len(names) // 2]
         subprocess.run(
-            ["podman", "exec", target, "systemctl", "stop", "dcgm-exporter.service"], check=True
+            ["podman", "exec", target, "systemctl", "stop", "nvidia-dcgm-exporter.service"],
+            check=True,
         )
         repair = measure(f"repair one drift ({target})", args.nodes, reconcile)
         one = measure("one host's apply (--limit)", 1, [*playbook, "--limit", target])

@@ -7,9 +7,9 @@ Debian's open kernel module 535.261.03 installed with apt and loaded (the defaul
 would pick the proprietary one on a T4 with branch 535), and containerd 2.4 installed
 as upstream's release is (its binaries under /usr/local/bin, its own systemd unit;
 built from its Go module by tests/tools/containerd/build.sh), running containerd's own
-default config (version 4) with settings of the site's. gpufleet runs from a directory
-holding only the site's inventory (with a web server that has no node behind it) and
-ansible.cfg.
+default config (version 4) with settings of the site's, and a long-running container of
+the site's on it. gpufleet runs from a directory holding only the site's inventory (with
+a web server that has no node behind it) and ansible.cfg.
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ SITE_CONTAINERD = (
     ("oom_score = 0", "oom_score = -999"),
 )
 # What the site ran by hand: Debian's contrib/non-free sources, the driver held at
-# one build with an apt pin of its own, the open module, and runc for containerd.
+# one build with an apt pin of its own, the open module, runc for containerd, and
+# busybox for its workload's container.
 # (The pin names its packages with globs: a /regex/ pin would cost every apt run on
 # the node about 5 s of CPU, see the driver role's own pin.)
 PROVISION = f"""set -e
@@ -55,8 +56,12 @@ Pin-Priority: 1001\\n' > /etc/apt/preferences.d/site-nvidia.pref
 apt-get update -q
 DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \\
   nvidia-open-kernel-dkms nvidia-smi libnvidia-ml1 libcuda1 firmware-nvidia-gsp \\
-  nvidia-persistenced runc
+  nvidia-persistenced runc busybox-static
 """
+# The site's workload: a container on its containerd (ctr's default namespace), from a
+# root file system holding busybox alone.
+WORKLOAD = "site-app"
+WORKLOAD_ROOT = "/srv/site-app"
 
 
 def on_node(*command: str) -> str:
@@ -101,6 +106,22 @@ def install_containerd() -> None:
     on_node("systemctl", "enable", "--now", "containerd")
 
 
+def start_workload() -> None:
+    """The site's long-running container, started on containerd with its own client."""
+    on_node("sh", "-c", f"mkdir -p {WORKLOAD_ROOT}/bin && cp /bin/busybox {WORKLOAD_ROOT}/bin/")
+    on_node("ctr", "run", "-d", "--rootfs", WORKLOAD_ROOT, WORKLOAD, "/bin/busybox", "sleep", "1d")
+
+
+def workload() -> tuple[str, str]:
+    """The workload's task as containerd lists it: its PID and status."""
+    listing = on_node("ctr", "task", "ls")
+    for line in listing.splitlines()[1:]:
+        task, pid, status = line.split()
+        if task == WORKLOAD:
+            return pid, status
+    raise AssertionError(f"no task {WORKLOAD}: {listing}")
+
+
 def snapshot() -> str:
     """Every file under the paths gpufleet writes, with size and mtime; the units."""
     return on_node(
@@ -142,13 +163,15 @@ class Site:
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory, installed_gpufleet: Path) -> Iterator[Site]:
     work = tmp_path_factory.mktemp("adopt")
-    inventory = start_fleet(work, {NODE: "t4-1"})
+    inventory = start_fleet(work, {NODE: "t4-1"}, privileged=True)  # (to run containers)
     try:
         on_node("sh", "-c", PROVISION)
         install_containerd()
         # nouveau holds the T4 until a boot loads the module the packages installed.
         subprocess.run([*FLEET, "reboot", NODE], check=True)
         assert driver_seen()[0] == DRIVER
+        start_workload()
+        assert workload()[1] == "RUNNING"
         gpufleet = site_directory(work / "site", installed_gpufleet, inventory)
         # The site installs its container runtime itself (the simulated fleet's
         # group_vars have gpufleet install Debian's containerd on bare nodes).
@@ -173,17 +196,23 @@ def test_the_first_plan_changes_nothing_and_says_what_would_change(site: Site):
         f"driver {DRIVER} (open) adopted as installed; "
         "the defaults would install branch 535 (proprietary)"
     ) in line
-    # Holding the adopted driver's packages and adding the runtime: nothing disruptive
-    # (no driver reload; no container runs on containerd to be stopped by its restart).
-    assert "disruptive" not in line, line
+    # The adopted driver is not reloaded, but containerd, which runs the site's
+    # container, is to be restarted with the runtime added: through a rollout.
+    assert "disruptive: rolled out in batches" in line, line
     assert snapshot() == before
+    assert workload()[1] == "RUNNING"
 
 
 def test_reconcile_adopts_the_node_keeping_its_driver_and_the_sites_settings(site: Site):
     driver = driver_seen()
+    task = workload()
     before = on_node("systemctl", "show", "-P", "MainPID", "containerd")
     result = site.gpufleet("reconcile", "--once", *WHERE)
     assert result.returncode == 0, result.stdout + result.stderr
+    # containerd was restarted inside the pool's rollout, not at once; the site's
+    # container, kept by its shim, ran on through the restart.
+    assert f"  {NODE}: rolled-out; " in result.stdout, result.stdout
+    assert workload() == task
     assert driver_seen() == driver, "the same driver, loaded since the same boot"
     # The site's containerd 2.4, restarted with gpufleet's runtime beside the site's
     # settings in its version 4 config, and no containerd of Debian's installed.
@@ -226,10 +255,13 @@ def test_the_site_moves_the_runtime_into_the_drop_in_directory_its_containerd_im
         host_vars.read_text() + f"runtime_config_containerd_drop_in_path: {drop_in}\n"
     )
     site_config = write_site_containerd_config()
+    task = workload()
     before = on_node("systemctl", "show", "-P", "MainPID", "containerd")
     result = site.gpufleet("reconcile", "--once", *WHERE)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "desired state changed" in result.stdout, result.stdout
+    assert f"  {NODE}: rolled-out; " in result.stdout, result.stdout
+    assert workload() == task
     written = tomllib.loads(on_node("cat", drop_in))
     assert written["version"] == 4
     runtimes = written["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]["runtimes"]

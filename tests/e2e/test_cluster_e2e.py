@@ -195,7 +195,7 @@ def test_api_server_gone_node_work_goes_on_and_the_next_cycle_finishes_it(
     the node's repair goes on and the cluster side fails; once the API server is back
     the next cycle finds the label gone (drift) and restores it through its host."""
     pid_file = PROJECT / ".cache" / "cluster" / "pids" / "kube-apiserver.pid"
-    stopped = cluster.on_node(GPU_NODE, "systemctl", "stop", "dcgm-exporter.service")
+    stopped = cluster.on_node(GPU_NODE, "systemctl", "stop", "nvidia-dcgm-exporter.service")
     assert stopped == ""
     cluster.kubectl("label", "node", GPU_NODE, "nvidia.com/gpu.present-")
     pid = int(pid_file.read_text())
@@ -208,9 +208,9 @@ def test_api_server_gone_node_work_goes_on_and_the_next_cycle_finishes_it(
         assert "cluster side: probe failed" in result.stdout or (
             "cluster side: failed" in result.stdout
         ), result.stdout
-        assert cluster.on_node(GPU_NODE, "systemctl", "is-active", "dcgm-exporter.service") == (
-            "active"
-        )
+        assert cluster.on_node(
+            GPU_NODE, "systemctl", "is-active", "nvidia-dcgm-exporter.service"
+        ) == ("active")
         status = cluster.runner("status")
         assert status.returncode == 1
         assert "cluster side: failed" in status.stdout, status.stdout

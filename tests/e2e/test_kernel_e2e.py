@@ -49,7 +49,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, bare_t4_snapshot: str) -> It
         fleet = Fleet(inventory, work / "state")
         first = fleet.runner("reconcile", "--once", *SHORT_BACKOFF)
         assert f"{NODE}: applied" in first.stdout, first.stdout + first.stderr
-        exporter = fleet.on_node(NODE, "systemctl", "is-active", "dcgm-exporter.service")
+        exporter = fleet.on_node(NODE, "systemctl", "is-active", "nvidia-dcgm-exporter.service")
         assert exporter.stdout.strip() == "inactive", exporter.stdout
         stages = fleet.status()[NODE]["stages"]
         assert (stages["toolkit"], stages["exporter"]) == ("disabled", "disabled"), stages

@@ -114,7 +114,7 @@ def test_drift_is_repaired_while_a_batch_applies_and_sigterm_stops_after_a_batch
         re.findall(r'^gpufleet_reconcile_hosts_total\{phase="(\w+)"\} (\S+)$', metrics, re.M)
     )
     assert counted["probe"] == "3.0" and float(counted["plan"]) >= 2, metrics
-    stopped = fleet.on_node(OTHER, "systemctl", "stop", "dcgm-exporter.service")
+    stopped = fleet.on_node(OTHER, "systemctl", "stop", "nvidia-dcgm-exporter.service")
     assert stopped.returncode == 0, stopped.stderr
     _wait_for(proc, f"applying to 1 host(s): {OTHER}", seen)
     # Stopped while the repair applies: that cycle ends, the batch under way is

@@ -39,6 +39,9 @@ PROJECT = Path(__file__).resolve().parents[2]
 FLEET = [sys.executable, str(PROJECT / "tests" / "sim" / "fleet.py")]
 NODES = {"e2e-t4": "t4-1", "e2e-cpu": "none"}
 GONE = "e2e-gone"
+# NVIDIA's package of dcgm-exporter, and the unit it installs (the exporter stage's).
+EXPORTER_PACKAGE = "datacenter-gpu-manager-exporter"
+EXPORTER_UNIT = "nvidia-dcgm-exporter.service"
 # Group variables of nodes that run no containers (a Slurm site's, say).
 NO_CONTAINERS = "gpu_nodes:\n  vars:\n    gpufleet_containers: false\n"
 # Long backoff: a failed host stays skipped for the rest of the module.
@@ -156,15 +159,19 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def start_fleet(work: Path, nodes: dict[str, str], from_snapshot: str = "") -> Path:
+def start_fleet(
+    work: Path, nodes: dict[str, str], from_snapshot: str = "", privileged: bool = False
+) -> Path:
     """Start simulated nodes (name -> profile), from their release's image or from a
-    snapshot of a node's disk (conftest's bare_t4_snapshot); returns their inventory
-    directory (hosts.yml, and the simulated fleet's group_vars)."""
+    snapshot of a node's disk (conftest's bare_t4_snapshot), privileged where they are to
+    run containers themselves; returns their inventory directory (hosts.yml, and the
+    simulated fleet's group_vars)."""
     inventory = work / "inventory"
     inventory.mkdir()
     hosts = inventory / "hosts.yml"
     names = [arg for name, profile in nodes.items() for arg in ("--node", f"{name}={profile}")]
     source = ["--from-snapshot", from_snapshot] if from_snapshot else []
+    source += ["--privileged"] if privileged else []
     subprocess.run([*FLEET, "up", *source, *names, "--write-inventory", str(hosts)], check=True)
     (inventory / "group_vars").symlink_to(PROJECT / "inventories" / "sim" / "group_vars")
     return inventory
@@ -441,12 +448,12 @@ def test_a_repository_key_that_is_not_pinned_is_refused_before_apt_trusts_it(fle
 
 def test_injected_drift_is_repaired_on_that_node_only(fleet: Fleet):
     cpu_before = fleet.history("e2e-cpu")
-    stopped = fleet.on_node("e2e-t4", "systemctl", "stop", "dcgm-exporter.service")
+    stopped = fleet.on_node("e2e-t4", "systemctl", "stop", EXPORTER_UNIT)
     assert stopped.returncode == 0, stopped.stderr
     result = fleet.reconcile("--once")
     assert "e2e-t4: applied; because drift; repaired exporter" in result.stdout, result.stdout
     assert "e2e-cpu: probed" in result.stdout
-    active = fleet.on_node("e2e-t4", "systemctl", "is-active", "dcgm-exporter.service")
+    active = fleet.on_node("e2e-t4", "systemctl", "is-active", EXPORTER_UNIT)
     assert active.stdout.strip() == "active"
     kinds = [(e["kind"], e["component"]) for e in fleet.history("e2e-t4")]
     assert ("drift", "exporter") in kinds
@@ -679,12 +686,12 @@ def test_a_refresh_a_stalled_mirror_holds_is_stopped_and_the_next_cycle_fetches_
     next cycle, once the mirror answers, to fetch the lists; it does, and installs the
     package. Next to last in the module: its short backoff, like the last test's, lets
     the host that never answers be tried again."""
-    removed = fleet.on_node("e2e-t4", "dpkg", "--remove", "dcgm-exporter")
+    removed = fleet.on_node("e2e-t4", "dpkg", "--remove", EXPORTER_PACKAGE)
     assert removed.returncode == 0, removed.stderr
     lists = "/var/lib/apt/lists/_srv_gpufleet-repo_cuda_*"  # the local CUDA repository's
     dropped = fleet.on_node("e2e-t4", "sh", "-c", f"rm -v {lists}")
     assert "removed" in dropped.stdout, dropped.stderr
-    policy = fleet.on_node("e2e-t4", "apt-cache", "policy", "dcgm-exporter").stdout
+    policy = fleet.on_node("e2e-t4", "apt-cache", "policy", EXPORTER_PACKAGE).stdout
     assert "Candidate: (none)" in policy, policy  # apt-get install would find nothing
     stall = subprocess.run(
         ["podman", "exec", "-d", "e2e-t4", "python3", "-c", STALLED_MIRROR], check=False
@@ -709,9 +716,9 @@ def test_a_refresh_a_stalled_mirror_holds_is_stopped_and_the_next_cycle_fetches_
     time.sleep(3)  # past the backoff
     result = fleet.runner("reconcile", *short)
     assert "e2e-t4: applied" in result.stdout, result.stdout + result.stderr
-    policy = fleet.on_node("e2e-t4", "apt-cache", "policy", "dcgm-exporter").stdout
+    policy = fleet.on_node("e2e-t4", "apt-cache", "policy", EXPORTER_PACKAGE).stdout
     assert "Candidate: (none)" not in policy, policy
-    installed = fleet.on_node("e2e-t4", "dpkg-query", "-W", "-f=${Status}", "dcgm-exporter")
+    installed = fleet.on_node("e2e-t4", "dpkg-query", "-W", "-f=${Status}", EXPORTER_PACKAGE)
     assert installed.stdout == "install ok installed"
     assert fleet.status()["e2e-t4"]["status"] == "converged"
 
@@ -725,7 +732,7 @@ def test_dpkg_lock_held_by_another_program_fails_naming_it_and_the_next_cycle_re
     backs off without quarantine; once the lock is free the next attempt repairs it.
     Last in the module: its short backoff lets the host that never answers be tried
     again, which the cycles of the tests before do not expect."""
-    removed = fleet.on_node("e2e-t4", "dpkg", "--remove", "dcgm-exporter")
+    removed = fleet.on_node("e2e-t4", "dpkg", "--remove", EXPORTER_PACKAGE)
     assert removed.returncode == 0, removed.stderr
     holder = (
         "import fcntl, time\n"
@@ -748,9 +755,9 @@ def test_dpkg_lock_held_by_another_program_fails_naming_it_and_the_next_cycle_re
     time.sleep(3)  # past the backoff
     result = fleet.reconcile(*short)
     assert "e2e-t4: applied; because drift" in result.stdout, result.stdout
-    installed = fleet.on_node("e2e-t4", "dpkg-query", "-W", "-f=${Status}", "dcgm-exporter")
+    installed = fleet.on_node("e2e-t4", "dpkg-query", "-W", "-f=${Status}", EXPORTER_PACKAGE)
     assert installed.stdout == "install ok installed"
-    active = fleet.on_node("e2e-t4", "systemctl", "is-active", "dcgm-exporter.service")
+    active = fleet.on_node("e2e-t4", "systemctl", "is-active", EXPORTER_UNIT)
     assert active.stdout.strip() == "active"
     assert fleet.status()["e2e-t4"]["status"] == "converged"
 
@@ -857,7 +864,7 @@ def test_pull_mode_the_node_converges_itself_through_the_shipped_units(fleet: Fl
     assert record["status"] == "converged", record
 
     before, _ = _last_run(fleet, node)
-    stopped = fleet.on_node(node, "systemctl", "stop", "dcgm-exporter.service")
+    stopped = fleet.on_node(node, "systemctl", "stop", EXPORTER_UNIT)
     assert stopped.returncode == 0
     timer = fleet.on_node(node, "systemctl", "start", "gpufleet-reconcile.timer")
     assert timer.returncode == 0, timer.stderr
@@ -874,7 +881,7 @@ def test_pull_mode_the_node_converges_itself_through_the_shipped_units(fleet: Fl
     journal = fleet.on_node(node, "journalctl", "-u", "gpufleet-reconcile", "--no-pager")
     assert started_at != before and state == "inactive", journal.stdout[-3000:]
     assert triggered.stdout.strip() not in ("", "n/a"), "the timer started the run"
-    active = fleet.on_node(node, "systemctl", "is-active", "dcgm-exporter.service")
+    active = fleet.on_node(node, "systemctl", "is-active", EXPORTER_UNIT)
     assert active.stdout.strip() == "active", journal.stdout[-3000:]
     listed = fleet.on_node(node, "sh", "-c", f"{local} status --local")
     assert listed.returncode == 0, listed.stdout + listed.stderr

@@ -17,6 +17,8 @@ repository (`repo`) mounted read-only at /srv/gpufleet-repo.
                                                # shortcut: a copy of a converged node's disk
     python tests/sim/fleet.py snapshot sim-node01   # that copy as an image, its tag printed,
     python tests/sim/fleet.py up --from-snapshot TAG --node sim-node03=t4-1   # to start from
+    python tests/sim/fleet.py up --privileged --node site1=t4-1   # a node that can run
+                                               # containers (a writable cgroup tree)
     python tests/sim/fleet.py list | status | reboot NODE | down [NODE ...]
     python tests/sim/fleet.py drift NODE stop-service nvidia-persistenced
     python tests/sim/fleet.py fault NODE xid --gpu 0 --code 79   # or ecc-dbe, remap-pending,
@@ -284,8 +286,10 @@ def wait_booted(name: str, timeout: float = BOOT_TIMEOUT) -> str:
     raise FleetError(f"{name}: systemd did not finish booting in {timeout:.0f}s (state {state})")
 
 
-def start_node(spec: NodeSpec, tag: str, repo: Path) -> None:
-    """Start a node; one whose profile, image or repository changed is recreated."""
+def start_node(spec: NodeSpec, tag: str, repo: Path, privileged: bool = False) -> None:
+    """Start a node; one whose profile, image, repository or privilege changed is
+    recreated. A privileged node can start containers of its own (runc needs a writable
+    cgroup tree and the capabilities to make namespaces), as molecule's runtime node does."""
     repo_hash = f"{(repo / '.source-hash').read_text().strip()}@{repo}"
     existing = podman("container", "exists", spec.name, check=False).returncode == 0
     if existing:
@@ -294,6 +298,7 @@ def start_node(spec: NodeSpec, tag: str, repo: Path) -> None:
         if (
             labels.get(f"{LABEL}.profile") == spec.profile
             and labels.get(f"{LABEL}.repo") == repo_hash
+            and labels.get(f"{LABEL}.privileged", "0") == str(int(privileged))
             and inspect.get("ImageName") == tag
         ):
             if not inspect["State"]["Running"]:
@@ -311,6 +316,7 @@ def start_node(spec: NodeSpec, tag: str, repo: Path) -> None:
         # A reboot inside the node (shutdown -r) ends the container; podman starts it
         # again, as a machine's firmware would.
         "--restart=always",
+        *(["--privileged"] if privileged else []),
         # The simulated driver's /proc entries (/proc/driver/nvidia-caps/mig-minors,
         # which NVIDIA's tools read) need a writable /proc/driver.
         "--mount=type=tmpfs,destination=/proc/driver",
@@ -322,6 +328,8 @@ def start_node(spec: NodeSpec, tag: str, repo: Path) -> None:
         f"{LABEL}.release={spec.release}",
         "--label",
         f"{LABEL}.repo={repo_hash}",
+        "--label",
+        f"{LABEL}.privileged={int(privileged)}",
         "--env",
         f"GPUSIM_PROFILE={spec.profile}",
         "--volume",
@@ -369,10 +377,14 @@ def profiles() -> list[str]:
 
 
 def up(
-    specs: Sequence[NodeSpec], mirror: str, copy_of: str | None = None, image: str | None = None
+    specs: Sequence[NodeSpec],
+    mirror: str,
+    copy_of: str | None = None,
+    image: str | None = None,
+    privileged: bool = False,
 ) -> None:
     """Start `specs`, each from its release's image (or all from a copy of `copy_of`, or
-    from `image`, a snapshot taken before)."""
+    from `image`, a snapshot taken before), privileged where asked (see start_node)."""
     if copy_of in {s.name for s in specs}:
         raise FleetError(f"--copy-of {copy_of}: the node copied cannot be one of those started")
     known = profiles()
@@ -390,7 +402,7 @@ def up(
         tags = {release: build_image(mirror, release) for release in sorted(releases)}
     repo = build_repo()
     for spec in specs:
-        start_node(spec, tags[spec.release], repo)
+        start_node(spec, tags[spec.release], repo, privileged)
     for spec in specs:
         state = wait_booted(spec.name)
         print(f"{spec.name}: {spec.profile} on {spec.release} ({state})")
@@ -477,6 +489,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="TAG",
         help="start the nodes from a snapshot taken before (see `snapshot`)",
     )
+    start.add_argument(
+        "--privileged",
+        action="store_true",
+        help="start the nodes privileged, so that they can run containers themselves",
+    )
     shot = sub.add_parser("snapshot", help="copy a node's disk into an image; print its tag")
     shot.add_argument("name")
     stop = sub.add_parser("down", help="remove nodes (default: every simulated node)")
@@ -527,7 +544,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 specs = args.node
             else:
                 specs = inventory_nodes(args.inventory)
-            up(specs, args.mirror, args.copy_of, args.from_snapshot)
+            up(specs, args.mirror, args.copy_of, args.from_snapshot, args.privileged)
             if args.write_inventory:
                 write_inventory(specs, args.write_inventory)
         elif args.command == "snapshot":

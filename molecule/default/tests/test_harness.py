@@ -177,7 +177,7 @@ def test_local_packages_behave_like_upstream_for_the_roles(host):
             "nvidia-smi --query-gpu=driver_version --format=csv,noheader"
         ).splitlines()[0]
         install = host.run(
-            "DEBIAN_FRONTEND=noninteractive apt-get install -y -q dcgm-exporter "
+            "DEBIAN_FRONTEND=noninteractive apt-get install -y -q datacenter-gpu-manager-exporter "
             f"nvidia-fabricmanager-535={version}-1"
         )
         assert install.rc == 0, install.stdout + install.stderr

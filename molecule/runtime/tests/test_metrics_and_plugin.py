@@ -31,8 +31,19 @@ def samples(text: str, name: str) -> list[str]:
 
 def test_dcgm_and_the_exporter_run_as_services(host):
     assert host.service("nvidia-dcgm.service").is_running
-    assert host.service("dcgm-exporter.service").is_running
-    assert host.service("dcgm-exporter.service").is_enabled
+    assert host.service("nvidia-dcgm-exporter.service").is_running
+    assert host.service("nvidia-dcgm-exporter.service").is_enabled
+    # The unit of NVIDIA's package, run with gpufleet's settings from a drop-in.
+    assert host.package("datacenter-gpu-manager-exporter").is_installed
+    unit = "nvidia-dcgm-exporter.service"
+    fragment = host.check_output(f"systemctl show -P FragmentPath {unit}")
+    assert fragment == f"/lib/systemd/system/{unit}"
+    assert host.check_output(f"systemctl show -P DropInPaths {unit}") == (
+        f"/etc/systemd/system/{unit}.d/gpufleet.conf"
+    )
+    pid = host.check_output(f"systemctl show -P MainPID {unit}")
+    command = host.check_output(f"ps -o args= -p {pid}")
+    assert "--remote-hostengine-info localhost:5555" in command, command
     assert host.socket("tcp://127.0.0.1:5555").is_listening
 
 
@@ -46,16 +57,16 @@ def test_every_gpu_reports_its_metrics(host):
 
 
 def test_the_exporter_restarts_when_its_collectors_change_and_not_otherwise(host):
-    before = host.check_output("systemctl show -p MainPID --value dcgm-exporter")
+    before = host.check_output("systemctl show -p MainPID --value nvidia-dcgm-exporter")
     collectors = "DCGM_FI_DEV_GPU_UTIL, gauge, GPU utilization (in %).\n"
     converge(["-e", json.dumps({"exporter_collectors": collectors})], SITE)
-    custom = host.check_output("systemctl show -p MainPID --value dcgm-exporter")
+    custom = host.check_output("systemctl show -p MainPID --value nvidia-dcgm-exporter")
     assert custom != before
     text = metrics(host)
     assert samples(text, "DCGM_FI_DEV_GPU_UTIL")
     assert not samples(text, "DCGM_FI_DEV_FB_USED")  # only the configured field
     run = converge([], SITE)
-    assert host.check_output("systemctl show -p MainPID --value dcgm-exporter") != custom
+    assert host.check_output("systemctl show -p MainPID --value nvidia-dcgm-exporter") != custom
     assert samples(metrics(host), "DCGM_FI_DEV_FB_USED")
     assert run["stats"]["gpufleet-rt-t4"]["changed"] > 0
 

@@ -16,7 +16,7 @@ NVIDIA's own, built from the container toolkit's Go module at each version
 default` writes, and from 1.18 on the toolkit's own CDI refresh units, their
 environment file and its base package's postinst, taken from the same module (where
 its .install file puts them, with what debhelper adds to the maintainer scripts); the
-other contents (libnvidia-container, DCGM, dcgm-exporter, the fabric manager) are
+other contents (libnvidia-container, DCGM, DCGM Exporter, the fabric manager) are
 small stand-ins (tests/sim/repo/standins) that behave enough like
 upstream for the roles. Each
 repository is signed with a throwaway key made when it is built, so apt's signature
@@ -46,8 +46,11 @@ FINGERPRINT_FILE = "signing-key.fingerprint"
 # and rollback tests start from, and 1.19.1 the last to keep its refresh units in
 # /etc/systemd/system (1.20 moved them).
 TOOLKIT_VERSIONS = ("1.17.8-1", "1.19.1-1", "1.20.0-1")
-DCGM_VERSION = "1:3.3.9"
-EXPORTER_VERSION = "3.3.9-3.6.1-1"
+# DCGM 4 (its core package, with the host engine and nvidia-dcgm.service) and
+# NVIDIA's exporter package, in the CUDA repository under these names since DCGM 4
+# (versions of package files NVIDIA has published; their pairing is not checked here).
+DCGM_VERSION = "1:4.5.2-1"
+EXPORTER_VERSION = "4.8.2-1"
 # Fabric manager must match the driver version exactly: one build per driver the
 # simulated nodes can run (Debian 12's 535 builds, and a 550 for upgrades).
 FABRICMANAGER_VERSIONS = ("535.261.03-1", "535.309.01-1", "550.127.05-1")
@@ -215,25 +218,32 @@ def packages() -> list[Package]:
         ]
     result += [
         Package(
-            "datacenter-gpu-manager",
+            "datacenter-gpu-manager-4-core",
             DCGM_VERSION,
             CUDA_REPO,
-            "NVIDIA Data Center GPU Manager (gpufleet stand-in)",
+            "NVIDIA Data Center GPU Manager 4, core (gpufleet stand-in)",
             files={
                 "/usr/bin/nv-hostengine": ("nv-hostengine", 0o755),
                 "/usr/bin/dcgmi": ("dcgmi", 0o755),
                 "/lib/systemd/system/nvidia-dcgm.service": ("nvidia-dcgm.service", 0o644),
             },
         ),
+        # Paths of upstream's package (dcgm-exporter's packaging/ and hack/package/):
+        # the binary, its counters and its own unit, which runs the exporter with the
+        # default counters and an embedded host engine.
         Package(
-            "dcgm-exporter",
+            "datacenter-gpu-manager-exporter",
             EXPORTER_VERSION,
             CUDA_REPO,
-            "NVIDIA DCGM exporter for Prometheus (gpufleet stand-in)",
-            depends="datacenter-gpu-manager",
+            "NVIDIA DCGM Exporter (gpufleet stand-in)",
+            depends="datacenter-gpu-manager-4-core",
             files={
                 "/usr/bin/dcgm-exporter": ("dcgm-exporter", 0o755),
                 "/etc/dcgm-exporter/default-counters.csv": ("default-counters.csv", 0o644),
+                "/lib/systemd/system/nvidia-dcgm-exporter.service": (
+                    "nvidia-dcgm-exporter.service",
+                    0o644,
+                ),
             },
             conffiles=("/etc/dcgm-exporter/default-counters.csv",),
         ),
