@@ -392,6 +392,49 @@ def test_a_new_mig_layout_halts_drained_until_slurm_conf_has_its_line(fleet: Slu
     assert again.stdout.startswith("cycle: 3 probed, 0 planned, 0 applied"), again.stdout
 
 
+def test_two_nodes_of_a_pool_with_a_budget_of_one_are_remediated_one_at_a_time(
+    fleet: SlurmFleet,
+):
+    """Both GPU nodes lose a GPU at once, below the breaker. They are one pool (all)
+    with the default budget of one host out of service: the first cycle drains one in
+    Slurm, reboots it, validates and resumes it, while the other waits queued, neither
+    drained nor rebooted; the next cycle does the same for the other."""
+    inject_fault(GPU, "lost", "--gpu", "0")
+    inject_fault(MIG, "lost", "--gpu", "0")
+    booted = {node: _boot(fleet, node) for node in (GPU, MIG)}
+    # (with no window: the T4 was remediated minutes ago, and a GPU asking again that
+    # soon would be quarantined rather than remediated)
+    first = fleet.reconcile("--once", "--health-window", "0")
+    records = fleet.status()
+    [done] = [n for n in (GPU, MIG) if records[n]["remedy"] == {}]
+    [waiting] = [n for n in (GPU, MIG) if n != done]
+    assert records[waiting]["rollout_phase"] == "queued", first.stdout
+    [line] = [row for row in first.stdout.splitlines() if row.startswith(f"  {waiting}: ")]
+    assert "rollout: queued for a later batch" in line, first.stdout
+    assert records[waiting]["remedy"]["action"] == "reboot", records[waiting]
+    assert "DRAIN" not in fleet.scontrol(waiting)["State"]
+    assert _boot(fleet, waiting) == booted[waiting], "rebooted out of its turn"
+    assert _boot(fleet, done) != booted[done]
+    assert fleet.scontrol(done)["State"] == "IDLE"
+
+    second = fleet.reconcile("--once", "--health-window", "0")
+    assert second.returncode == 0, second.stdout + second.stderr
+    records = fleet.status()
+    for node in (GPU, MIG):
+        assert (records[node]["remedy"], records[node]["rollout_phase"]) == ({}, None), node
+        assert records[node]["status"] == "converged", records[node]
+        node_state = fleet.scontrol(node)
+        assert (node_state["State"], node_state["Reason"]) == ("IDLE", ""), node_state
+        health = [e["summary"] for e in fleet.history(node) if e["kind"] == "health"]
+        assert health[-1] == "remediated by a reboot; health check passed", health
+    assert _boot(fleet, waiting) != booted[waiting]
+
+
+def _boot(fleet: Fleet, node: str) -> str:
+    """When the node's systemd started: a simulated reboot changes it."""
+    return fleet.on_node(node, "ps", "-o", "lstart=", "-p", "1").stdout.strip()
+
+
 def test_a_burst_is_held_by_the_breaker_and_a_remapping_failure_is_quarantined(
     fleet: SlurmFleet,
 ):
