@@ -221,10 +221,6 @@ def site_held_package(release: str) -> str:
     return "linux-headers-" + release.rsplit("-", 1)[0] + "-common"
 
 
-def boot_time(fleet: Fleet) -> str:
-    return run_on_node(fleet, "ps", "-o", "lstart=", "-p", "1")
-
-
 def test_the_kernel_driver_kernel_release_names_is_rolled_in_with_its_module_and_held(
     fleet: Fleet, release: str, no_initramfs: None, compiler_cache: None, tmp_path: Path
 ):
@@ -239,13 +235,13 @@ def test_the_kernel_driver_kernel_release_names_is_rolled_in_with_its_module_and
     run_on_node(fleet, "apt-mark", "hold", common)
     settings = {"driver_kernel_updates": "held", "driver_kernel_release": release}
     (fleet.inventory / KERNEL_SETTINGS).write_text(json.dumps({"all": {"vars": settings}}))
-    booted = boot_time(fleet)
+    booted = fleet.booted(NODE)
     result = fleet.runner("reconcile", "--once", *SHORT_BACKOFF)
     # Rolled out: the cycle's plan (check mode) found the move disruptive, as the node
     # reboots into that kernel, so it went through the pool's rollout.
     line = next((row for row in result.stdout.splitlines() if row.startswith(f"  {NODE}: ")), "")
     assert line.startswith(f"  {NODE}: rolled-out; ") and "driver" in line, result.stdout
-    assert boot_time(fleet) != booted, "the node was not rebooted into the kernel"
+    assert fleet.booted(NODE) != booted, "the node was not rebooted into the kernel"
     # The kernel's headers came with the repair of a kernel without the module, and
     # Debian's DKMS built it against them (its dkms.conf renames the modules after
     # its package, nvidia-current*), signed with the site's key.
@@ -278,11 +274,11 @@ def test_the_kernel_driver_kernel_release_names_is_rolled_in_with_its_module_and
     assert kernel <= listed and common not in listed, listed  # the site's hold is its own
     # A hold released by hand is drift, and put back without a reboot.
     run_on_node(fleet, "apt-mark", "unhold", f"linux-image-{release}")
-    booted = boot_time(fleet)
+    booted = fleet.booted(NODE)
     again = fleet.runner("reconcile", "--once", *SHORT_BACKOFF)
     assert f"  {NODE}: applied; because drift" in again.stdout, again.stdout + again.stderr
     assert f"linux-image-{release}" in kernel_holds(fleet)
-    assert boot_time(fleet) == booted
+    assert fleet.booted(NODE) == booted
     steady = fleet.runner("plan")
     assert steady.returncode == 0, steady.stdout + steady.stderr  # nothing pending
     assert fleet.status()[NODE]["status"] == "converged"
@@ -424,7 +420,7 @@ def test_a_reboot_into_a_kernel_without_the_module_is_refused(
     version = run_on_node(fleet, "dkms", "status").split("/")[1].split(",")[0]
     run_on_node(fleet, "dkms", "uninstall", f"nvidia-current/{version}", "-k", release)
     assert modules_of(fleet, release) == []
-    booted = run_on_node(fleet, "ps", "-o", "lstart=", "-p", "1")
+    booted = fleet.booted(NODE)
     play = tmp_path / "reboot.yml"
     play.write_text(REBOOT_PLAY.format(node=NODE))
     result = subprocess.run(
@@ -448,4 +444,4 @@ def test_a_reboot_into_a_kernel_without_the_module_is_refused(
         "back without its GPUs",
         said,
     ), said
-    assert run_on_node(fleet, "ps", "-o", "lstart=", "-p", "1") == booted, "the node rebooted"
+    assert fleet.booted(NODE) == booted, "the node rebooted"

@@ -152,6 +152,12 @@ class Fleet:
             ["podman", "exec", node, *command], capture_output=True, text=True, check=False
         )
 
+    def booted(self, node: str) -> str:
+        """When the node's systemd started (PID 1's start time): a reboot changes it."""
+        done = self.on_node(node, "ps", "-o", "lstart=", "-p", "1")
+        assert done.returncode == 0 and done.stdout.strip(), done.stdout + done.stderr
+        return done.stdout.strip()
+
 
 def free_port() -> int:
     with socket.socket() as probe:

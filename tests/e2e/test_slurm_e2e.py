@@ -401,7 +401,7 @@ def test_two_nodes_of_a_pool_with_a_budget_of_one_are_remediated_one_at_a_time(
     drained nor rebooted; the next cycle does the same for the other."""
     inject_fault(GPU, "lost", "--gpu", "0")
     inject_fault(MIG, "lost", "--gpu", "0")
-    booted = {node: _boot(fleet, node) for node in (GPU, MIG)}
+    booted = {node: fleet.booted(node) for node in (GPU, MIG)}
     # (with no window: the T4 was remediated minutes ago, and a GPU asking again that
     # soon would be quarantined rather than remediated)
     first = fleet.reconcile("--once", "--health-window", "0")
@@ -413,8 +413,8 @@ def test_two_nodes_of_a_pool_with_a_budget_of_one_are_remediated_one_at_a_time(
     assert "rollout: queued for a later batch" in line, first.stdout
     assert records[waiting]["remedy"]["action"] == "reboot", records[waiting]
     assert "DRAIN" not in fleet.scontrol(waiting)["State"]
-    assert _boot(fleet, waiting) == booted[waiting], "rebooted out of its turn"
-    assert _boot(fleet, done) != booted[done]
+    assert fleet.booted(waiting) == booted[waiting], "rebooted out of its turn"
+    assert fleet.booted(done) != booted[done]
     assert fleet.scontrol(done)["State"] == "IDLE"
 
     second = fleet.reconcile("--once", "--health-window", "0")
@@ -427,12 +427,7 @@ def test_two_nodes_of_a_pool_with_a_budget_of_one_are_remediated_one_at_a_time(
         assert (node_state["State"], node_state["Reason"]) == ("IDLE", ""), node_state
         health = [e["summary"] for e in fleet.history(node) if e["kind"] == "health"]
         assert health[-1] == "remediated by a reboot; health check passed", health
-    assert _boot(fleet, waiting) != booted[waiting]
-
-
-def _boot(fleet: Fleet, node: str) -> str:
-    """When the node's systemd started: a simulated reboot changes it."""
-    return fleet.on_node(node, "ps", "-o", "lstart=", "-p", "1").stdout.strip()
+    assert fleet.booted(waiting) != booted[waiting]
 
 
 def test_a_burst_is_held_by_the_breaker_and_a_remapping_failure_is_quarantined(
