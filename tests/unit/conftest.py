@@ -117,9 +117,21 @@ def nvml_env(library: Path) -> dict[str, str]:
 
     from gpusim import node
 
+    # The kit's own command, which the mock runs for what a GPU reset clears.
+    kit = node.RUN.parent / "gpusim-kit"
+    if not kit.exists():
+        kit.parent.mkdir(parents=True, exist_ok=True)
+        path = str(PROJECT / "tests" / "sim" / "kit")
+        kit.write_text(
+            f"#!{sys.executable}\nimport sys\nsys.path.insert(0, {path!r})\n"
+            "from gpusim.cli import main\nsys.exit(main())\n"
+        )
+        kit.chmod(0o755)
     return dict(
         os.environ,
         LD_LIBRARY_PATH=str(library.parent),
+        GPUSIM_KIT=str(kit),
+        GPUSIM_MARKER=str(node.MARKER),
         GPUSIM_RUN=str(node.RUN),
         GPUSIM_STATE=str(node.STATE),
         GPUSIM_PROC_DRIVER=str(node.PROC_DRIVER),

@@ -440,6 +440,55 @@ def test_mig_mode_waits_for_a_gpu_reset_while_the_gpu_is_held(gpu_node):
     assert "MIG" not in gpu_node.run("-L").stdout.replace("MIG M.", "")
 
 
+@pytest.mark.parametrize("program", [NVIDIA_SMI, NVIDIA_SMI_550], ids=["535", "550"])
+def test_nvidia_smi_resets_an_idle_gpu_and_refuses_a_held_or_lost_one(
+    sim_node, mock_nvml, monkeypatch, program
+):
+    """`nvidia-smi --gpu-reset` through the private calls it makes: an idle GPU is reset
+    (a pending MIG mode applies, its instances go, a double-bit error's pending row
+    remapping is done and its volatile count cleared; the aggregate count stays); a GPU
+    another process holds is refused and keeps its fault; a lost one is not found."""
+    from gpusim import faults
+
+    version = "535.261.03" if program == NVIDIA_SMI else "550.163.01"
+    monkeypatch.setattr(node, "nouveau_blacklisted", lambda: True)
+    prof = sim_node("a100-pcie-2", node.InstalledDriver(version, "open", "package:x"))
+    (node.RUN / "nvml" / "library-version").write_text(version + "\n")
+    env = nvml_env(mock_nvml)
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(program), *args], capture_output=True, text=True, env=env)
+
+    second = prof.gpus[1]
+    assert run("-i", "0", "-mig", "1").returncode == 0
+    assert run("mig", "-cgi", "7g.40gb", "-C", "-i", "0").returncode == 0
+    with open(node.DEV / "nvidia1", "rb"):  # a process holds GPU 1
+        assert "pending enable state" in run("-i", "1", "-mig", "1").stdout
+        faults.inject(prof, "ecc-dbe", 1)
+        held = run("--gpu-reset", "-i", second.uuid)
+    assert held.returncode != 0
+    assert "In use by another client" in held.stdout + held.stderr, held.stdout + held.stderr
+    query = ("--query-gpu=mig.mode.current,mig.mode.pending", "--format=csv,noheader")
+    assert run(*query).stdout.splitlines() == ["Enabled, Enabled", "Disabled, Enabled"]
+    address = gpu_health.pci_address(second.bus_id)
+    assert ("remap-pending", "reset") in _kinds(_health_of(run), address)
+
+    done = run("--gpu-reset", "-i", second.uuid)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "was successfully reset" in done.stdout
+    assert run(*query).stdout.splitlines() == ["Enabled, Enabled"] * 2
+    assert _kinds(_health_of(run), address) == []
+    assert faults._load()["1"] == {"ecc_dbe_aggregate": 1, "remapped_unc": 1}
+    # GPU 0's instance was not touched by GPU 1's reset; its own reset takes it.
+    assert "MIG 7g.40gb" in run("-L").stdout
+    assert run("--gpu-reset", "-i", "0").returncode == 0
+    assert "MIG 7g.40gb" not in run("-L").stdout
+
+    faults.inject(prof, "lost", 0)
+    lost = run("--gpu-reset", "-i", "0")
+    assert (lost.returncode, "GPU is lost" in lost.stdout) == (15, True), lost.stdout
+
+
 def test_utilization_of_a_gpu_in_mig_mode_is_not_available(gpu_node):
     """nvml.h: utilization rates cannot be queried on a MIG-enabled GPU; nvidia-smi
     (and DCGM, and so dcgm-exporter) report none for it, only for the others."""
@@ -486,12 +535,17 @@ def test_health_through_debians_nvidia_smi_falls_back_and_reads_no_fault(gpu_nod
 
 def _health(gpu_node, addresses=()) -> dict:
     """gpu_health's reading of what Debian's nvidia-smi prints on the node now."""
+    return _health_of(gpu_node.run, addresses)
 
-    def run(argv):
-        done = gpu_node.run(*argv[1:])
+
+def _health_of(run, addresses=()) -> dict:
+    """gpu_health's reading of what `run` (an nvidia-smi of the node) prints."""
+
+    def query(argv):
+        done = run(*argv[1:])
         return done.returncode, done.stdout, done.stderr
 
-    rows, unreachable, error = gpu_health.query(run, "nvidia-smi", smi.QUERY_FIELDS)
+    rows, unreachable, error = gpu_health.query(query, "nvidia-smi", smi.QUERY_FIELDS)
     assert error is None
     return gpu_health.gpu_health(rows, unreachable, None, addresses)
 

@@ -13,8 +13,14 @@
  *
  * NVIDIA's programs read these through the entry points below, as they would read a
  * board's; what they print, and how, is theirs.
+ *
+ * A GPU reset (gpu_reset, asked through nvidia-smi's private entry points) clears what
+ * a reset clears; what the board keeps is the kit's, so the kit does it
+ * (`gpusim reset-gpu N`, GPUSIM_KIT naming the program, /opt/gpusim/bin/gpusim on a node).
  */
 #include "mock_nvml.h"
+
+#include <sys/wait.h>
 
 /* The PCIe generation a GPU's architecture links at, as the boards do (x16 all). */
 static unsigned int max_generation(const struct nvmlDevice_st *gpu)
@@ -223,4 +229,52 @@ EXPORT nvmlReturn_t nvmlDeviceGetCurrPcieLinkWidth(nvmlDevice_t device, unsigned
 EXPORT nvmlReturn_t nvmlDeviceGetMaxPcieLinkWidth(nvmlDevice_t device, unsigned int *width)
 {
     return link_value(device, width, 3);
+}
+
+/* --- a GPU reset --------------------------------------------------------------------------- */
+
+/* Runs the kit's `reset-gpu INDEX`: what the board keeps, cleared as a reset clears it. */
+static nvmlReturn_t kit_reset(unsigned int index)
+{
+    const char *kit = getenv("GPUSIM_KIT");
+    char number[16];
+    int status;
+    pid_t pid;
+    if (!kit || !*kit)
+        kit = "/opt/gpusim/bin/gpusim";
+    snprintf(number, sizeof number, "%u", index);
+    if ((pid = fork()) < 0)
+        return NVML_ERROR_UNKNOWN;
+    if (pid == 0) {
+        execl(kit, kit, "reset-gpu", number, (char *)NULL);
+        _exit(127);
+    }
+    while (waitpid(pid, &status, 0) < 0)
+        if (errno != EINTR)
+            return NVML_ERROR_UNKNOWN;
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? NVML_SUCCESS : NVML_ERROR_UNKNOWN;
+}
+
+/*
+ * The driver resets a GPU only while it answers on the bus and no process other than
+ * the one asking (and the daemons that tolerate a reset) holds it; a reset applies a
+ * pending MIG mode and clears the GPU's instances, its volatile ECC count, a lost state
+ * and a pending row remapping or page retirement (which it completes).
+ */
+nvmlReturn_t gpu_reset(struct nvmlDevice_st *gpu)
+{
+    nvmlReturn_t rc;
+    if (geteuid() != 0)
+        return NVML_ERROR_NO_PERMISSION;
+    health_load();
+    if (gpu->health.lost)
+        return NVML_ERROR_GPU_IS_LOST;
+    if (gpu_held_by_others(gpu))
+        return NVML_ERROR_IN_USE;
+    if ((rc = mig_at_reset(gpu)) != NVML_SUCCESS)
+        return rc;
+    if ((rc = kit_reset(gpu->index)) != NVML_SUCCESS)
+        return rc;
+    health_load();
+    return NVML_SUCCESS;
 }

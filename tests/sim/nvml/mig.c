@@ -408,7 +408,7 @@ static int reset_tolerated(long pid)
 
 /* Whether a process other than this one (and the daemons above) has the GPU's device
  * file open, so that the driver cannot reset the GPU. */
-static int gpu_held_by_others(const struct nvmlDevice_st *gpu)
+int gpu_held_by_others(const struct nvmlDevice_st *gpu)
 {
     char wanted[PATH_MAX], fd_dir[64], link[PATH_MAX + 64], target[PATH_MAX];
     DIR *procs, *fds;
@@ -473,6 +473,19 @@ EXPORT nvmlReturn_t nvmlDeviceSetMigMode(nvmlDevice_t device, unsigned int mode,
         else
             m->current = m->pending;
     }
+    return save_and_unlock(lock, NVML_SUCCESS);
+}
+
+/* A GPU reset (mock_nvml.c): a pending MIG mode becomes current and the GPU's
+ * instances are gone, as at power-on. */
+nvmlReturn_t mig_at_reset(const struct nvmlDevice_st *gpu)
+{
+    if (!gpu->mig_capable)
+        return NVML_SUCCESS;
+    int lock = lock_and_load();
+    struct mig_gpu *m = &mig[gpu_number(gpu)];
+    m->current = m->pending;
+    memset(m->gis, 0, sizeof m->gis);
     return save_and_unlock(lock, NVML_SUCCESS);
 }
 

@@ -883,14 +883,40 @@ static int is_device(void *handle)
 
 /* Slots whose meaning is known (seen from nvidia-smi 535 with the trace on). */
 enum {
+    SLOT_PRIMARY = 20,         /* (device, unsigned int *out): whether it drives the console */
     SLOT_LOG = 26,             /* (printf format, arguments...): nvidia-smi's own log line */
     SLOT_HANDLE_BY_INDEX = 81, /* (index, nvmlDevice_t *out, 0x22) */
+    /* A GPU reset, in the order nvidia-smi --gpu-reset calls them: the fabric's state
+     * (refused: "fabric state could not be determined"), a group of the devices to
+     * reset made from a list (group *out, nvmlDevice_t *devices, count, ...), read back
+     * and let go (group, ...), then the reset of a list (count, nvmlDevice_t *devices,
+     * ...). Only the last one's answer decides "was successfully reset". */
+    SLOT_FABRIC_STATE = 169,
+    SLOT_RESET_GROUP = 182,
+    SLOT_RESET_GROUP_READ = 183,
+    SLOT_RESET_GROUP_DONE = 184,
+    SLOT_RESET = 168,
     /* Called one after the other for each MIG device as (MIG device, unsigned int *count,
      * buffer, ...): by their shape, its lists of processes. Answered with none. */
     SLOT_MIG_PROCESSES_A = 213,
     SLOT_MIG_PROCESSES_B = 214,
     SLOT_MIG_PROCESSES_C = 215,
 };
+
+/* Each device of the list reset in turn; the first refusal is the answer. */
+static nvmlReturn_t reset_devices(unsigned int count, void *list)
+{
+    nvmlDevice_t *devices = list;
+    if (!devices || count == 0 || count > MAX_GPUS)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    for (unsigned int i = 0; i < count; i++) {
+        struct nvmlDevice_st *gpu = gpu_of(devices[i]);
+        nvmlReturn_t rc = gpu ? gpu_reset(gpu) : NVML_ERROR_INVALID_ARGUMENT;
+        if (rc != NVML_SUCCESS)
+            return rc;
+    }
+    return NVML_SUCCESS;
+}
 
 static nvmlReturn_t slot_call(unsigned int slot, void *a0, void *a1, void *a2, void *a3)
 {
@@ -899,7 +925,22 @@ static nvmlReturn_t slot_call(unsigned int slot, void *a0, void *a1, void *a2, v
                 is_device(a0) ? " device" : "");
     switch (slot) {
     case SLOT_LOG:
+    case SLOT_FABRIC_STATE:
+    case SLOT_RESET_GROUP_READ:
+    case SLOT_RESET_GROUP_DONE:
         return NVML_SUCCESS;
+    case SLOT_PRIMARY:
+        if (!gpu_of((nvmlDevice_t){a0}) || !a1)
+            return NVML_ERROR_INVALID_ARGUMENT;
+        *(unsigned int *)a1 = 0; /* a compute board: no console on it */
+        return NVML_SUCCESS;
+    case SLOT_RESET_GROUP:
+        if (!a0)
+            return NVML_ERROR_INVALID_ARGUMENT;
+        *(void **)a0 = export_table; /* any address but NULL: nvidia-smi only hands it back */
+        return NVML_SUCCESS;
+    case SLOT_RESET:
+        return reset_devices((unsigned int)(uintptr_t)a0, a1);
     case SLOT_MIG_PROCESSES_A:
     case SLOT_MIG_PROCESSES_B:
     case SLOT_MIG_PROCESSES_C:

@@ -99,9 +99,12 @@ nvmlReturn_t mig_device_uuid(nvmlDevice_t device, char *uuid, unsigned int lengt
 nvmlReturn_t mig_device_memory(nvmlDevice_t device, unsigned long long *total_mib);
 nvmlReturn_t mig_handle_by_uuid(const char *uuid, nvmlDevice_t *device);
 int mig_enabled(const struct nvmlDevice_st *gpu);
+int gpu_held_by_others(const struct nvmlDevice_st *gpu);
+nvmlReturn_t mig_at_reset(const struct nvmlDevice_st *gpu);
 
-/* health.c: read at init, after the GPUs. */
+/* health.c: read at init, after the GPUs; and a GPU reset. */
 void health_load(void);
+nvmlReturn_t gpu_reset(struct nvmlDevice_st *gpu);
 
 /* remote.c: the node's state inside a container, from the simulated persistence daemon. */
 int remote_load(void);

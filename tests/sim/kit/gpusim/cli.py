@@ -218,6 +218,10 @@ def gpusim(argv: Sequence[str]) -> int:
     fault.add_argument("kind", choices=[*faults.KINDS, "clear"])
     fault.add_argument("--gpu", type=int, default=0, help="the GPU's index (default 0)")
     fault.add_argument("--code", type=int, help="the Xid of an xid fault")
+    reset = sub.add_parser(
+        "reset-gpu", help="clear what a reset of the GPU clears (the mock NVML's reset runs it)"
+    )
+    reset.add_argument("index", type=int)
     args = parser.parse_args(argv)
 
     if args.command == "boot":
@@ -236,6 +240,9 @@ def gpusim(argv: Sequence[str]) -> int:
         else:
             for key, value in data.items():
                 print(f"{key}: {value}")
+        return 0
+    if args.command == "reset-gpu":
+        faults.at_reset(args.index)
         return 0
     if args.command == "fault":
         if args.kind == "clear":
