@@ -80,8 +80,9 @@ def _health(r: CollectorRegistry) -> _Health:
     )
     xids = Counter(
         "gpufleet_xid_events",
-        "Xid events the driver logged, each counted once, with the action it asks for",
-        ["host", "xid", "action"],
+        "Xid events the driver logged, each counted once, by the GPU's PCI address, with "
+        "the action it asks for",
+        ["host", "gpu", "xid", "action"],
         registry=r,
     )
     remediations = Counter(
@@ -185,8 +186,8 @@ class Metrics(Observer):
     def host_quarantined(self, host: str) -> None:
         self.quarantines.inc()
 
-    def xid_logged(self, host: str, xid: int, action: str) -> None:
-        self.health.xids.labels(host, str(xid), action).inc()
+    def xid_logged(self, host: str, gpu: str, xid: int, action: str) -> None:
+        self.health.xids.labels(host, gpu, str(xid), action).inc()
 
     def remediated(self, host: str, action: str, held: bool) -> None:
         self.health.remediations.labels(host, action, "held" if held else "quarantined").inc()

@@ -83,8 +83,9 @@ class Observer:
     def host_quarantined(self, host: str) -> None:
         """A host failed too often in a row and is left alone until released."""
 
-    def xid_logged(self, host: str, xid: int, action: str) -> None:
-        """The driver logged Xid `xid` on `host`, asking for `action` (counted once)."""
+    def xid_logged(self, host: str, gpu: str, xid: int, action: str) -> None:
+        """The driver logged Xid `xid` for GPU `gpu` (its PCI address) on `host`, asking
+        for `action` (counted once)."""
 
     def remediated(self, host: str, action: str, held: bool) -> None:
         """A GPU remediation (`action`: reset, reboot) ended on `host` and held, or did
@@ -126,9 +127,9 @@ class Observers(Observer):
         for observer in self.observers:
             observer.host_quarantined(host)
 
-    def xid_logged(self, host: str, xid: int, action: str) -> None:
+    def xid_logged(self, host: str, gpu: str, xid: int, action: str) -> None:
         for observer in self.observers:
-            observer.xid_logged(host, xid, action)
+            observer.xid_logged(host, gpu, xid, action)
 
     def remediated(self, host: str, action: str, held: bool) -> None:
         for observer in self.observers:

@@ -105,7 +105,7 @@ class Writer:
             log.warning("%s: %s", record.name, line.summary)
         for event in events:
             xid, action = int(event.get("xid") or 0), str(event.get("action"))
-            self.observe.xid_logged(record.name, xid, action)
+            self.observe.xid_logged(record.name, str(event.get("pci_address", "")), xid, action)
         return events
 
     def remedy(self, record: HostRecord, remedy: gpu_health.Remedy | None) -> None:

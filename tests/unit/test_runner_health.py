@@ -131,7 +131,10 @@ def test_the_loop_keeps_health_records_it_and_shows_it(store: StateStore, capsys
     reconciler.cycle()
     assert len([e for e in store.history() if e.kind == HistoryKind.HEALTH]) == 3
     text = generate_latest(metrics.registry).decode()
-    assert 'gpufleet_xid_events_total{action="reset",host="a",xid="48"} 1.0' in text
+    xids = [line for line in text.splitlines() if line.startswith("gpufleet_xid_events_total")]
+    assert xids == [
+        'gpufleet_xid_events_total{action="reset",gpu="0000:af:00.0",host="a",xid="48"} 1.0'
+    ], xids
     assert 'gpufleet_host_gpu_health{host="a"} 2.0' in text
     assert 'gpufleet_host_gpu_health{host="b"} 0.0' in text
     # Per GPU, only those with a signal (the reading names no UUID here).
