@@ -116,6 +116,12 @@ def _probed(ctx: Context, work: Cycle, record: HostRecord) -> None:
         return
     if result.health is not None:
         events = ctx.writer.health(record, result.health)
+        if result.recorded and not record.desired_hash:
+            # New to this state but converged by gpufleet before (the state directory
+            # was lost, or is new): the Xid events already in its log were read by the
+            # reconciler that made the record. They are recorded, not acted on again;
+            # what the GPUs' readings ask now is.
+            events = []
         remedy.found(ctx, record, result.health, events)
     drift = decide.relevant(result.drift, ctx.settings.components)
     record.drift = drift

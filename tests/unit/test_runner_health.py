@@ -10,7 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 from prometheus_client import generate_latest
-from test_runner_loop import converged, store  # noqa: F401 (a fixture)
+from test_runner_loop import Node, converged, make, store  # noqa: F401 (a fixture)
 
 from runner import health, show
 from runner.metrics import Metrics
@@ -157,6 +157,31 @@ def test_the_loop_keeps_health_records_it_and_shows_it(store: StateStore, capsys
     text = generate_latest(metrics.registry).decode()
     assert 'gpufleet_host_gpu_health{host="a"} 0.0' in text
     assert "gpufleet_gpu_health{" not in text
+
+
+def test_a_lost_state_records_the_xid_events_in_the_log_and_acts_on_the_readings(
+    store: StateStore,  # noqa: F811
+    tmp_path,
+) -> None:
+    """The state directory lost after a GPU reset (no reboot: the Xid stays in the
+    kernel log): the nodes' records say gpufleet converged them, so the events already
+    in their logs were read by the reconciler that made those records. The new state
+    records them and acts on none; what a GPU's readings ask now is acted on, and a
+    node new to gpufleet is acted on for its log's events as before."""
+    _, engine, clock = converged(store, "a", "b")
+    engine.nodes["a"].health = reading({A100: []}, [xid(7, 4_000, 48, "reset")])
+    engine.nodes["b"].health = reading({T4: [signal("remap-pending", "reset", "a row waits")]})
+    engine.nodes["c"] = Node(health=reading({A100: []}, [xid(2, 900, 48, "reset")]))
+    with StateStore(tmp_path / "new-state") as new:
+        reconciler, _, _ = make(new, engine.nodes, clock)
+        reconciler.ctx.settings = replace(reconciler.settings, check_only=True)
+        reconciler.cycle()
+        a, b, c = (new.host(h) for h in "abc")
+        assert (a.xid_seen, a.remedy) == ({"boot": "boot-1", "usec": 4_000, "seq": 7}, {})
+        entries = new.history("a", kinds=[HistoryKind.HEALTH])
+        assert [(e.component, e.summary[:15]) for e in entries] == [("xid", "Xid 48 on GPU 0")]
+        assert b.remedy["action"] == "reset"  # its readings ask
+        assert c.remedy["action"] == "reset"  # a first run: its log's Xid asks
 
 
 def test_what_is_owed_keeps_who_the_gpus_are_and_an_xid_takes_its_gpus():
