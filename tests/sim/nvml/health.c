@@ -258,8 +258,8 @@ static nvmlReturn_t kit_reset(unsigned int index)
 /*
  * The driver resets a GPU only while it answers on the bus and no process other than
  * the one asking (and the daemons that tolerate a reset) holds it; a reset applies a
- * pending MIG mode and clears the GPU's instances, its volatile ECC count, a lost state
- * and a pending row remapping or page retirement (which it completes).
+ * pending MIG mode and clears the GPU's instances, its volatile ECC count and a pending
+ * row remapping or page retirement (which it completes). A lost GPU takes a reboot.
  */
 nvmlReturn_t gpu_reset(struct nvmlDevice_st *gpu)
 {
