@@ -4,7 +4,8 @@
 every package installed whole at the version named. Read from the real dpkg-query of
 this machine, and from listings in its format for the states a node can be left in.
 apt_offered: a role refreshes apt's lists where they offer no version of its package,
-read from this machine's real apt-cache."""
+read from this machine's real apt-cache. dpkg_foreign: a role installs no package over a
+file of another origin, read from this machine's real dpkg-query."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 
 from ansible_collections.gpufleet.nvidia.plugins.filter.packages import (
     apt_offered,
+    dpkg_foreign,
     dpkg_installed,
     dpkg_query,
 )
@@ -87,3 +89,34 @@ def test_a_package_apt_knows_with_no_candidate_is_not_offered():
     # apt knows the name (another package depends on it) but no source carries it.
     policy = "nvidia-kernel-dkms:\n  Installed: (none)\n  Candidate: (none)\n  Version table:\n"
     assert not apt_offered(policy, "nvidia-kernel-dkms")
+
+
+def _search(*paths):
+    run = subprocess.run(["dpkg-query", "--search", *paths], capture_output=True, text=True)
+    return run.stdout
+
+
+def test_files_of_another_origin_are_named_with_their_packages_from_dpkg_itself(tmp_path):
+    """dpkg_foreign: the exporter role refuses to install over a DCGM or dcgm-exporter
+    of another origin. Read from this machine's real dpkg-query: a file its package
+    owns is not foreign, one another package owns is (with that package), one no
+    package owns is (with none)."""
+    mine, theirs, loose = "/usr/bin/dpkg", "/bin/bash", str(tmp_path / "dcgm-exporter")
+    (tmp_path / "dcgm-exporter").write_text("#!/bin/sh\n")
+    programs = {mine: "dpkg=1.0", theirs: "datacenter-gpu-manager-exporter", loose: "x"}
+    search = _search(mine, theirs, loose)
+    assert dpkg_foreign(search, programs, [mine]) == {}
+    assert dpkg_foreign(search, programs, [mine, theirs, loose]) == {theirs: ["bash"], loose: []}
+    assert dpkg_foreign("", programs, []) == {}
+
+
+def test_a_diversion_owns_nothing_and_an_architecture_is_left_out():
+    search = (
+        "diversion by gpufleet from: /usr/bin/dcgm-exporter\n"
+        "diversion by gpufleet to: /usr/bin/dcgm-exporter.real\n"
+        "dcgm-exporter:amd64, other: /usr/bin/dcgm-exporter\n"
+    )
+    path = "/usr/bin/dcgm-exporter"
+    wanted = {path: "datacenter-gpu-manager-exporter"}
+    assert dpkg_foreign(search, wanted, [path]) == {path: ["dcgm-exporter", "other"]}
+    assert dpkg_foreign(search, {path: "other"}, [path]) == {}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 
-from helpers import PROJECT, converge
+from helpers import PROJECT, converge, stage_of
 
 testinfra_hosts = ["gpufleet-rt-t4"]
 
@@ -69,6 +69,54 @@ def test_the_exporter_restarts_when_its_collectors_change_and_not_otherwise(host
     assert host.check_output("systemctl show -p MainPID --value nvidia-dcgm-exporter") != custom
     assert samples(metrics(host), "DCGM_FI_DEV_FB_USED")
     assert run["stats"]["gpufleet-rt-t4"]["changed"] > 0
+
+
+# A dcgm-exporter of another origin, packaged as some vendors' repositories carry one
+# (built from NVIDIA's source under the name dcgm-exporter): the same program path.
+SITE_EXPORTER = """
+set -e
+root=$(mktemp -d)
+mkdir -p "$root/DEBIAN" "$root/usr/bin"
+printf '#!/bin/sh\\necho the site exporter\\n' > "$root/usr/bin/dcgm-exporter"
+chmod 755 "$root/usr/bin/dcgm-exporter"
+cat > "$root/DEBIAN/control" <<END
+Package: dcgm-exporter
+Version: 3.3.9-1
+Architecture: all
+Maintainer: site
+Description: the site exporter
+END
+dpkg-deb --build "$root" /tmp/site-dcgm-exporter.deb >/dev/null
+dpkg --install /tmp/site-dcgm-exporter.deb
+"""
+
+
+def test_an_exporter_of_another_origin_is_left_in_place_and_named(host):
+    """Where NVIDIA's exporter package is not installed but a package of another
+    origin has put /usr/bin/dcgm-exporter there, the stage stops before any change,
+    naming the file, its package and the ways on (check mode says the same); once the
+    site removes its package, the next run installs NVIDIA's again and it serves."""
+    host.run_expect([0], "dpkg --remove datacenter-gpu-manager-exporter")
+    host.run_expect([0], SITE_EXPORTER)
+    try:
+        for mode in (["--check"], []):  # check mode predicts the refusal
+            refused = converge(mode, SITE, expect_rc=2)
+            outcome = stage_of(refused, "gpufleet-rt-t4", "exporter_stage")
+            assert outcome["status"] == "failed", outcome
+            assert (
+                "/usr/bin/dcgm-exporter is there from package dcgm-exporter, not from "
+                "datacenter-gpu-manager-exporter; gpufleet does not replace"
+            ) in outcome["reason"], outcome["reason"]
+            assert "exporter_mode: none" in outcome["reason"]
+            assert refused["stats"]["gpufleet-rt-t4"]["changed"] == 0
+        assert host.check_output("/usr/bin/dcgm-exporter") == "the site exporter"
+        assert not host.package("datacenter-gpu-manager-exporter").is_installed
+    finally:
+        host.run_expect([0], "dpkg --purge dcgm-exporter")
+    converge([], SITE)
+    assert host.package("datacenter-gpu-manager-exporter").is_installed
+    assert host.service("nvidia-dcgm-exporter.service").is_running
+    assert samples(metrics(host), "DCGM_FI_DEV_GPU_UTIL")
 
 
 def test_the_device_plugin_runs_on_the_host_with_the_chosen_sharing(host):

@@ -3,9 +3,11 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """dpkg_query and dpkg_installed: whether dpkg has packages installed whole, as apt
 names them, told without apt (which loads its whole cache to find nothing to do).
-apt_offered: whether apt's lists offer a package at all.
+apt_offered: whether apt's lists offer a package at all. dpkg_foreign: which of the
+files a role's packages would install are there already from another origin.
 
-Documentation: dpkg_query.yml, dpkg_installed.yml and apt_offered.yml next to this file.
+Documentation: dpkg_query.yml, dpkg_installed.yml, apt_offered.yml and dpkg_foreign.yml
+next to this file.
 """
 
 from __future__ import annotations
@@ -49,10 +51,29 @@ def apt_offered(policy, name):
     return bool((apt_set.parse_policy(policy or "").get(str(name)) or {}).get("candidate"))
 
 
+def dpkg_foreign(search, programs, present):
+    """{path: [package, ...]} of the files of `present` that the package `programs`
+    names for them ({path: apt's `name` or `name=version`}) does not own, with the
+    packages that do (none: no package owns the file), from what
+    `dpkg-query --search PATH...` printed for them. Diversions own nothing."""
+    owners = {}
+    for line in (search or "").splitlines():
+        names, found, path = line.partition(": ")
+        if found and not names.startswith("diversion by "):
+            packages = (name.strip().split(":")[0] for name in names.split(","))
+            owners.setdefault(path.strip(), []).extend(packages)
+    return {
+        path: owners.get(path, [])
+        for path in present
+        if str(programs.get(path, "")).partition("=")[0] not in owners.get(path, [])
+    }
+
+
 class FilterModule:
     def filters(self):
         return {
             "dpkg_query": dpkg_query,
             "dpkg_installed": dpkg_installed,
             "apt_offered": apt_offered,
+            "dpkg_foreign": dpkg_foreign,
         }
