@@ -42,6 +42,9 @@ GONE = "e2e-gone"
 # NVIDIA's package of dcgm-exporter, and the unit it installs (the exporter stage's).
 EXPORTER_PACKAGE = "datacenter-gpu-manager-exporter"
 EXPORTER_UNIT = "nvidia-dcgm-exporter.service"
+# gpufleet_apt_update_timeout on this fleet: the setting's least value, so that a refresh
+# held by a stalled mirror is stopped soon (two tries).
+APT_UPDATE_BOUND = 30
 # Group variables of nodes that run no containers (a Slurm site's, say).
 NO_CONTAINERS = "gpu_nodes:\n  vars:\n    gpufleet_containers: false\n"
 # Long backoff: a failed host stays skipped for the rest of the module.
@@ -189,8 +192,13 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     inventory = start_fleet(work, NODES)
     # A host whose node does not exist: unreachable from the first cycle on.
     (inventory / "gone.yml").write_text(f"gpu_nodes:\n  hosts:\n    {GONE}:\n")
-    # A short wait for apt's locks, for the test that holds one (the default is 120 s).
-    (inventory / "apt.yml").write_text("all:\n  vars:\n    gpufleet_apt_lock_timeout: 10\n")
+    # Short bounds on apt's waits, for the test that holds them up (the defaults are 120 s
+    # for the locks and 300 s for a refresh).
+    (inventory / "apt.yml").write_text(
+        "all:\n  vars:\n"
+        "    gpufleet_apt_lock_timeout: 10\n"
+        f"    gpufleet_apt_update_timeout: {APT_UPDATE_BOUND}\n"
+    )
     try:
         yield Fleet(inventory, work / "state")
     finally:
@@ -683,19 +691,43 @@ STALLED_MIRROR = (
 STALL_CONF = "/etc/apt/apt.conf.d/99e2e-stalled-mirror"
 
 
-def test_a_refresh_a_stalled_mirror_holds_is_stopped_and_the_next_cycle_fetches_the_lists(
+def test_apt_held_by_a_lock_then_by_a_stalled_mirror_fails_naming_each_then_is_repaired(
     fleet: Fleet,
 ):
-    """dcgm-exporter removed and apt's lists of the repository that carries it gone, then
-    the refresh that would fetch them held by a mirror that never answers: it is
-    stopped at gpufleet_apt_update_timeout and tried once more, and the stage fails
-    saying so, instead of the cycle waiting for good. The sources file is unchanged
-    from then on, so only apt's own view (no version of the package offered) tells the
-    next cycle, once the mirror answers, to fetch the lists; it does, and installs the
-    package. Next to last in the module: its short backoff, like the last test's, lets
-    the host that never answers be tried again."""
+    """dcgm-exporter removed, and apt held up twice before it can be put back. First
+    another program (an unattended upgrade, an administrator's apt) holds dpkg's lock:
+    the install waits gpufleet_apt_lock_timeout, fails naming the lock and its holder,
+    and the host backs off without quarantine. Then, the lock free, apt's lists of the
+    repository that carries the package are gone and the refresh that would fetch them
+    is held by a mirror that never answers: it is stopped at gpufleet_apt_update_timeout
+    and tried once more, and the stage fails saying so, instead of the cycle waiting for
+    good. The sources file is unchanged all along, so only apt's own view (no version of
+    the package offered) tells the next cycle, once the mirror answers, to fetch the
+    lists; it does, and installs the package. Last in the module: its short backoff lets
+    the host that never answers be tried again, which the cycles of the tests before do
+    not expect. (Both bounds are the fleet's settings from its start: a setting changed
+    here would have every host planned again.)"""
     removed = fleet.on_node("e2e-t4", "dpkg", "--remove", EXPORTER_PACKAGE)
     assert removed.returncode == 0, removed.stderr
+    short = ("--backoff-base", "1", "--backoff-cap", "1", "--once")
+    holder = (
+        "import fcntl, time\n"
+        "lock = open('/var/lib/dpkg/lock-frontend', 'w')\n"
+        "fcntl.lockf(lock, fcntl.LOCK_EX)\n"
+        "time.sleep(900)\n"
+    )
+    held = subprocess.run(["podman", "exec", "-d", "e2e-t4", "python3", "-c", holder], check=False)
+    assert held.returncode == 0
+    try:
+        result = fleet.reconcile(*short)
+        out = result.stdout + result.stderr
+        assert "e2e-t4: failed" in result.stdout, out
+        assert "Unable to acquire the dpkg frontend lock (/var/lib/dpkg/lock-frontend)" in out, out
+        status = fleet.status()["e2e-t4"]
+        assert status["status"] == "failed" and not status["quarantined"], status
+    finally:
+        fleet.on_node("e2e-t4", "pkill", "-f", "fcntl.lockf")
+
     lists = "/var/lib/apt/lists/_srv_gpufleet-repo_cuda_*"  # the local CUDA repository's
     dropped = fleet.on_node("e2e-t4", "sh", "-c", f"rm -v {lists}")
     assert "removed" in dropped.stdout, dropped.stderr
@@ -707,62 +739,23 @@ def test_a_refresh_a_stalled_mirror_holds_is_stopped_and_the_next_cycle_fetches_
     assert stall.returncode == 0
     proxy = f"echo 'Acquire::http::Proxy \"http://127.0.0.1:3128\";' > {STALL_CONF}"
     assert fleet.on_node("e2e-t4", "sh", "-c", proxy).returncode == 0
-    bound = fleet.inventory / "apt-update.yml"
-    bound.write_text("all:\n  vars:\n    gpufleet_apt_update_timeout: 30\n")
-    short = ("--backoff-base", "1", "--backoff-cap", "1", "--once")
+    time.sleep(3)  # past the backoff
     try:
         # (A refresh apt would never end fails the run's own time limit instead.)
         result = fleet.runner("reconcile", *short, timeout=600)
         out = result.stdout + result.stderr
         assert "e2e-t4: failed" in result.stdout, out
-        stopped = "each try stopped past gpufleet_apt_update_timeout (seconds) 30: Timeout exceeded"
-        assert stopped in out, out
+        bound = f"each try stopped past gpufleet_apt_update_timeout (seconds) {APT_UPDATE_BOUND}"
+        assert bound + ": Timeout exceeded" in out, out
     finally:
         fleet.on_node("e2e-t4", "pkill", "-f", "socket.create_server")
         fleet.on_node("e2e-t4", "rm", "-f", STALL_CONF)
-        bound.unlink()
-    time.sleep(3)  # past the backoff
-    result = fleet.runner("reconcile", *short)
-    assert "e2e-t4: applied" in result.stdout, result.stdout + result.stderr
-    policy = fleet.on_node("e2e-t4", "apt-cache", "policy", EXPORTER_PACKAGE).stdout
-    assert "Candidate: (none)" not in policy, policy
-    installed = fleet.on_node("e2e-t4", "dpkg-query", "-W", "-f=${Status}", EXPORTER_PACKAGE)
-    assert installed.stdout == "install ok installed"
-    assert fleet.status()["e2e-t4"]["status"] == "converged"
 
-
-def test_dpkg_lock_held_by_another_program_fails_naming_it_and_the_next_cycle_repairs(
-    fleet: Fleet,
-):
-    """A package of ours removed while another program (an unattended upgrade, an
-    administrator's apt) holds dpkg's lock: the repair waits the bounded time
-    (gpufleet_apt_lock_timeout), fails naming the lock and its holder, and the host
-    backs off without quarantine; once the lock is free the next attempt repairs it.
-    Last in the module: its short backoff lets the host that never answers be tried
-    again, which the cycles of the tests before do not expect."""
-    removed = fleet.on_node("e2e-t4", "dpkg", "--remove", EXPORTER_PACKAGE)
-    assert removed.returncode == 0, removed.stderr
-    holder = (
-        "import fcntl, time\n"
-        "lock = open('/var/lib/dpkg/lock-frontend', 'w')\n"
-        "fcntl.lockf(lock, fcntl.LOCK_EX)\n"
-        "time.sleep(900)\n"
-    )
-    held = subprocess.run(["podman", "exec", "-d", "e2e-t4", "python3", "-c", holder], check=False)
-    assert held.returncode == 0
-    short = ("--backoff-base", "1", "--backoff-cap", "1", "--once")
-    try:
-        result = fleet.reconcile(*short)
-        out = result.stdout + result.stderr
-        assert "e2e-t4: failed" in result.stdout, out
-        assert "Unable to acquire the dpkg frontend lock (/var/lib/dpkg/lock-frontend)" in out, out
-        status = fleet.status()["e2e-t4"]
-        assert status["status"] == "failed" and not status["quarantined"], status
-    finally:
-        fleet.on_node("e2e-t4", "pkill", "-f", "fcntl.lockf")
     time.sleep(3)  # past the backoff
     result = fleet.reconcile(*short)
     assert "e2e-t4: applied; because drift" in result.stdout, result.stdout
+    policy = fleet.on_node("e2e-t4", "apt-cache", "policy", EXPORTER_PACKAGE).stdout
+    assert "Candidate: (none)" not in policy, policy
     installed = fleet.on_node("e2e-t4", "dpkg-query", "-W", "-f=${Status}", EXPORTER_PACKAGE)
     assert installed.stdout == "install ok installed"
     active = fleet.on_node("e2e-t4", "systemctl", "is-active", EXPORTER_UNIT)
