@@ -562,50 +562,6 @@ def test_a_sources_file_mangled_by_hand_is_repaired_and_apt_works_again(fleet: F
     assert fleet.status()["e2e-t4"]["status"] == "converged"
 
 
-def test_a_reconciler_killed_mid_apply_leaves_its_state_and_lock_and_the_work_resumes(
-    fleet: Fleet,
-):
-    """SIGKILL to the whole service (as systemd's kill of its cgroup) in the middle of
-    an apply: the state database reads, the next reconciler takes the lock at once and
-    finishes the change."""
-    collectors = "DCGM_FI_DEV_FB_USED, gauge, Framebuffer memory used (in MiB)."
-    host_vars = fleet.inventory / "host_vars"
-    host_vars.mkdir(exist_ok=True)
-    (host_vars / "e2e-t4.yml").write_text(f"exporter_collectors: |\n  {collectors}\n")
-    proc = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "runner", "reconcile", "--interval", "600"),
-            *("--metrics-port", "0", "--backoff-base", "3000", *fleet._where()),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=PROJECT,
-        start_new_session=True,
-    )
-    assert proc.stderr is not None
-    for line in proc.stderr:
-        if "applying to 1 host(s): e2e-t4" in line:
-            break
-    time.sleep(5)  # inside ansible-playbook's run on the node
-    os.killpg(proc.pid, signal.SIGKILL)
-    # ansible-runner starts ansible-playbook in a session of its own; systemd's kill of
-    # the service's cgroup ends it too, so it is killed here as well (left, it lingers
-    # on a node connection long after the test).
-    subprocess.run(["pkill", "-KILL", "-f", f"-i {fleet.inventory} "], check=False)
-    proc.wait(timeout=30)
-    status = fleet.runner("status")
-    assert "Traceback" not in status.stderr and "e2e-t4" in status.stdout, status.stderr
-    result = fleet.reconcile("--once")
-    assert result.returncode == 1, result.stdout + result.stderr  # only e2e-gone is unwell
-    assert "e2e-t4: " in result.stdout
-    on_node = fleet.on_node("e2e-t4", "cat", "/etc/dcgm-exporter/gpufleet-collectors.csv")
-    assert on_node.stdout.strip() == collectors
-    assert fleet.status()["e2e-t4"]["status"] == "converged"
-    result = fleet.reconcile("--once")
-    assert result.stdout.startswith("cycle: 2 probed, 0 planned, 0 applied"), result.stdout
-
-
 def test_a_lost_state_database_is_relearnt_from_the_nodes_records_without_a_change(
     fleet: Fleet,
 ):
@@ -645,25 +601,45 @@ def test_second_reconciler_is_refused_while_one_runs(fleet: Fleet):
     assert first.returncode == 130
 
 
-def test_a_node_lost_in_the_middle_of_an_apply_is_unreachable_and_finished_when_back(
+def test_an_apply_cut_short_twice_leaves_the_state_whole_and_the_next_attempt_finishes_it(
     fleet: Fleet,
 ):
-    """The node powered off (its container stopped at once) while the reconciler
-    applies a change to it: the cycle ends with that host unreachable and its state
-    whole, and once the node is back the next attempt finishes the change."""
-    collectors = "DCGM_FI_DEV_POWER_USAGE, gauge, Power draw (in W)."
+    """A change to the T4 (new exporter collectors) whose apply is cut short twice.
+    First SIGKILL to the whole reconciler service (as systemd's kill of its cgroup):
+    the state database reads, and the next reconciler takes the lock at once. Then the
+    node powers off (its container stopped at once) in the middle of that reconciler's
+    apply: the cycle ends with the host unreachable and its state whole. Once the node
+    is back, the next attempt finishes the change."""
+    collectors = "DCGM_FI_DEV_FB_USED, gauge, Framebuffer memory used (in MiB)."
     host_vars = fleet.inventory / "host_vars"
     host_vars.mkdir(exist_ok=True)
     (host_vars / "e2e-t4.yml").write_text(f"exporter_collectors: |\n  {collectors}\n")
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "runner", "reconcile", "--interval", "600"),
+            *("--metrics-port", "0", "--backoff-base", "3000", *fleet._where()),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=PROJECT,
+        start_new_session=True,
+    )
+    _until_applying(proc, "e2e-t4")
+    os.killpg(proc.pid, signal.SIGKILL)
+    # ansible-runner starts ansible-playbook in a session of its own; systemd's kill of
+    # the service's cgroup ends it too, so it is killed here as well (left, it lingers
+    # on a node connection long after the test).
+    subprocess.run(["pkill", "-KILL", "-f", f"-i {fleet.inventory} "], check=False)
+    proc.wait(timeout=30)
+    status = fleet.runner("status")
+    assert "Traceback" not in status.stderr and "e2e-t4" in status.stdout, status.stderr
+
     short = ("--backoff-base", "1", "--backoff-cap", "1")
-    proc = fleet.spawn("reconcile", "--once", *short)
-    assert proc.stderr is not None
-    for line in proc.stderr:
-        if "applying to 1 host(s): e2e-t4" in line:
-            break
-    time.sleep(5)  # inside ansible-playbook's run on the node
+    resumed = fleet.spawn("reconcile", "--once", *short)
+    _until_applying(resumed, "e2e-t4")  # (refused the lock, it would exit 3 at once)
     subprocess.run(["podman", "stop", "--time", "0", "e2e-t4"], check=True, capture_output=True)
-    out, err = proc.communicate(timeout=600)
+    out, err = resumed.communicate(timeout=600)
     assert "Traceback" not in err
     assert "e2e-t4: failed" in out and "unreachable" in out, out + err
     status = fleet.status()["e2e-t4"]
@@ -672,11 +648,24 @@ def test_a_node_lost_in_the_middle_of_an_apply_is_unreachable_and_finished_when_
     # Until its boot is over (the connection is sshd started per session).
     subprocess.run([*FLEET, "wait", "e2e-t4"], check=True)
     result = fleet.reconcile("--once", *short)
+    assert result.returncode == 1, result.stdout + result.stderr  # only e2e-gone is unwell
     assert "e2e-t4: applied" in result.stdout, result.stdout
     on_node = fleet.on_node("e2e-t4", "cat", "/etc/dcgm-exporter/gpufleet-collectors.csv")
     assert on_node.stdout.strip() == collectors
     assert fleet.status()["e2e-t4"]["status"] == "converged"
+    result = fleet.reconcile("--once")
+    assert "probed, 0 planned, 0 applied" in result.stdout.splitlines()[0], result.stdout
     (host_vars / "e2e-t4.yml").unlink()
+
+
+def _until_applying(proc: subprocess.Popen[str], host: str) -> None:
+    """Read a reconciler's progress until it applies to `host`, then give its
+    ansible-playbook time to be at work on the node."""
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if f"applying to 1 host(s): {host}" in line:
+            break
+    time.sleep(5)  # inside ansible-playbook's run on the node
 
 
 # A mirror that accepts a request and never answers (apt then waits on it for good):
