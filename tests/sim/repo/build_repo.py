@@ -466,8 +466,11 @@ def _build_deb(pkg: Package, standins: Path, work: Path, out_dir: Path) -> None:
         target.write_text(text)
         target.chmod(0o755)
     deb = out_dir / f"{pkg.name}_{pkg.version.split(':', 1)[-1]}_amd64.deb"
+    # gzip, not dpkg-deb's default xz: the toolkit's Go binaries took xz about 30 s of
+    # the suite's serial set-up (gzip about 3) and are unpacked about three times faster
+    # on every node that installs them; apt and dpkg read either.
     _run(
-        ["dpkg-deb", "--root-owner-group", "-Zxz", "--build", str(root), str(deb)],
+        ["dpkg-deb", "--root-owner-group", "-Zgzip", "-z6", "--build", str(root), str(deb)],
         stdout=subprocess.DEVNULL,
     )
 
