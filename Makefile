@@ -25,7 +25,7 @@ export ANSIBLE_FORCE_COLOR ?= 0
 export NO_COLOR ?= 1
 export PY_COLORS ?= 0
 
-.PHONY: help deps venv dist docs setup builds consumers toolkit migparted image repo fleet fleet-down fleet-status controlplane cluster cluster-down demo test lint unit e2e e2e-cluster e2e-nodes molecule molecule-nodes molecule-cluster e2e-kernel e2e-slurm e2e-runner bench clean
+.PHONY: help deps venv dist docs setup builds consumers toolkit migparted image repo fleet fleet-down fleet-status controlplane cluster cluster-down demo test lint unit e2e e2e-cluster e2e-nodes molecule molecule-cluster bench clean
 
 help:
 	@echo "make demo    start the simulated GPU fleet and run the main job on it"
@@ -128,17 +128,13 @@ unit: venv consumers toolkit migparted
 	pytest --durations=20
 
 # The reconciler against a small simulated fleet, through real ansible-runner, and
-# with the cluster side against the test control plane. `make test` runs it in four
-# parts: e2e-cluster after molecule `cluster` (the cluster module: both use the test
-# control plane; with the MPS and adoption modules), e2e-kernel (the kernel and rollout
-# modules, which start from one onboarded node), e2e-slurm (the two Slurm modules: the
-# simulated Slurm is one cluster at a time) and e2e-runner (every other module, so a new
-# one is never left out). Each lists every test's set-up, call and tear-down time at its
-# end (--durations=0): where the suite's time goes.
+# with the cluster side against the test control plane. `make test` runs it in two
+# parts: e2e-cluster after molecule (the cluster module: both use the test control
+# plane; and the MPS and adoption modules, which even out the two lanes' times),
+# e2e-nodes, the rest, beside them. Each lists every test's set-up, call and tear-down
+# time at its end (--durations=0): where the suite's time goes.
 E2E_CLUSTER := tests/e2e/test_cluster_e2e.py tests/e2e/test_mps_mount.py \
 	tests/e2e/test_adoption_e2e.py
-E2E_KERNEL := tests/e2e/test_kernel_e2e.py tests/e2e/test_rollout_e2e.py
-E2E_SLURM := tests/e2e/test_slurm_e2e.py tests/e2e/test_slurm_nvml_e2e.py
 e2e: image repo controlplane consumers
 	pytest tests/e2e --durations=0
 
@@ -148,24 +144,13 @@ e2e-cluster: image repo controlplane consumers
 e2e-nodes: image repo consumers
 	pytest tests/e2e $(addprefix --ignore=,$(E2E_CLUSTER)) --durations=0
 
-e2e-kernel: image repo consumers
-	pytest $(E2E_KERNEL) --durations=0
-
-e2e-slurm: image repo consumers
-	pytest $(E2E_SLURM) --durations=0
-
-e2e-runner: image repo consumers
-	pytest tests/e2e $(addprefix --ignore=,$(E2E_CLUSTER) $(E2E_KERNEL) $(E2E_SLURM)) --durations=0
-
 # Not part of `make test`: measures, asserts nothing (see tests/bench).
 bench: image repo
 	$(BIN)/python tests/bench/reconcile_bench.py $(BENCH_ARGS)
 
 # Scenario gpu-vm needs VMs with passthrough GPUs: only its syntax is checked here.
 # Scenario cluster runs against the test control plane (molecule-cluster).
-molecule: molecule-nodes molecule-cluster
-
-molecule-nodes: image repo
+molecule: image repo
 	image=$$($(FLEET) image); trixie=$$($(FLEET) image --release trixie); \
 	  repo=$$($(FLEET) repo); \
 	  export GPUSIM_IMAGE=$$image GPUSIM_IMAGE_TRIXIE=$$trixie GPUFLEET_REPO=$$repo; \
@@ -173,6 +158,7 @@ molecule-nodes: image repo
 	molecule syntax -s gpu-vm
 	@echo "molecule gpu-vm: converge/verify skipped: needs VMs with PCI-passthrough GPUs" \
 	  "(run: GPUFLEET_GPU_VM_INVENTORY=<file> molecule test -s gpu-vm)"
+	$(MAKE) --no-print-directory molecule-cluster
 
 # Scenario cluster against the test control plane, with three simulated nodes (a T4, an
 # A100 pair under MIG and a CPU-only node) as the cluster's nodes. A site runs the same scenario with its own
@@ -207,13 +193,11 @@ setup: venv
 builds: venv
 	MAKEFLAGS= $(MAKE) --no-print-directory consumers toolkit migparted controlplane
 
-# Two workers side by side (tests/tools/suite.py) take these jobs in turn, the longest
-# first, each part's time printed at the end. molecule `cluster` and the e2e-cluster
-# part both use the test control plane, so they are one job.
-TEST_JOBS := --job molecule-nodes --job e2e-slurm --job "molecule-cluster e2e-cluster" \
-	--job e2e-runner --job e2e-kernel --job unit --job lint
+# Two lanes side by side (tests/tools/suite.py), each part's time printed at the end.
+# Parts that use the test control plane take turns with it (.cache/cluster.lock).
+TEST_LANES := --lane "lint unit molecule e2e-cluster" --lane "e2e-nodes"
 test: setup
-	$(BIN)/python tests/tools/suite.py --workers 2 $(TEST_JOBS)
+	$(BIN)/python tests/tools/suite.py $(TEST_LANES)
 
 clean: fleet-down
 	rm -rf .cache

@@ -1,22 +1,19 @@
 # Copyright: gpufleet developers
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""Run the test suite's parts on two workers side by side, then print what each took.
+"""Run the test suite's parts in lanes side by side, then print what each part took.
 
-    python tests/tools/suite.py --workers 2 --job "molecule-nodes" --job "unit lint"
+    python tests/tools/suite.py --lane "lint unit molecule" --lane "e2e"
 
-Each job is a list of Makefile targets run one after another (`make TARGET`); the
-workers take the jobs in the order given, each the next one as soon as it is free, so
-the longest jobs should come first. The simulated nodes spend much of a run waiting (on
-systemd, on apt, on a backoff), so two workers keep two cores busier than one; taking
-jobs from one queue, rather than from fixed lanes, evens out an hour in which one part
-runs slower than its last time. Every line a part prints is shown as it comes,
-prefixed with the part's name and the minutes and seconds since the suite began (so a
-log says where the time went); a job stops at its first failing part, the other jobs go
-on, so one run reports every job's failure, and the summary at the end first repeats
-the last lines of each failed part (a log's tail then says why, even when other parts
-went on printing long after), and ends with the tests that failed, a line each. Parts
-that share something exclusive (the test control plane) belong in one job, or take a
-lock for it themselves.
+Each lane is a list of Makefile targets run one after another (`make TARGET`); lanes run
+at the same time. The simulated nodes spend much of a run waiting (on systemd, on apt,
+on a backoff), so two lanes keep two cores busier than one. Every line a part prints is
+shown as it comes, prefixed with the part's name and the minutes and seconds since the
+suite began (so a log says where the time went); a lane stops at its first failing part,
+the other lanes go on, so one run reports every lane's failure, and the summary at the
+end first repeats the last lines of each failed part (a log's tail then says why, even when
+another lane went on printing long after), and ends with the tests that failed, a line
+each. Parts that share something exclusive (the test control plane) take a lock for it
+themselves.
 """
 
 from __future__ import annotations
@@ -40,8 +37,8 @@ _FAILED_TEST = re.compile(r"^(FAILED|ERROR) \S+\.py(::\S+)?( - |$)")
 
 @dataclass
 class Part:
+    lane: int
     target: str
-    worker: int = 0  # the worker that ran it (0: not run)
     result: str = "not run"
     seconds: float = 0.0
     tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=TAIL))
@@ -85,18 +82,10 @@ def _run_part(part: Part, make: list[str], suite_started: float) -> bool:
     return returncode == 0
 
 
-def _work(worker: int, jobs: collections.deque[list[Part]], make: list[str], start: float) -> None:
-    """Take jobs from the shared queue until it is empty; a job's parts run in order, up
-    to the first that fails."""
-    while True:
-        try:
-            job = jobs.popleft()  # (atomic: the workers share the deque without a lock)
-        except IndexError:
+def _run_lane(parts: list[Part], make: list[str], suite_started: float) -> None:
+    for part in parts:
+        if not _run_part(part, make, suite_started):
             return
-        for part in job:
-            part.worker = worker
-            if not _run_part(part, make, start):
-                break
 
 
 def _clock(seconds: float) -> str:
@@ -110,46 +99,41 @@ def _minutes(seconds: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--job",
+        "--lane",
         action="append",
         required=True,
         metavar="TARGETS",
-        help="Makefile targets run one after another (space-separated); repeat per job,"
-        " longest first",
+        help="Makefile targets run one after another (space-separated); repeat per lane",
     )
-    parser.add_argument("--workers", type=int, default=2, help="jobs run at once (2)")
     args = parser.parse_args(argv)
     make = ["make", "--no-print-directory"]
-    jobs = [[Part(target) for target in spec.split()] for spec in args.job]
-    queue = collections.deque(jobs)
-    started = time.monotonic()
-    threads = [
-        threading.Thread(target=_work, args=(worker, queue, make, started))
-        for worker in range(1, args.workers + 1)
+    lanes = [
+        [Part(index, target) for target in spec.split()]
+        for index, spec in enumerate(args.lane, start=1)
     ]
+    started = time.monotonic()
+    threads = [threading.Thread(target=_run_lane, args=(lane, make, started)) for lane in lanes]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    return _summary(jobs, time.monotonic() - started)
+    return _summary(lanes, time.monotonic() - started)
 
 
-def _summary(jobs: list[list[Part]], wall: float) -> int:
+def _summary(lanes: list[list[Part]], wall: float) -> int:
     """Print the failed parts' last lines, each part's time and the failed tests; the
     suite's exit status."""
-    parts = [part for job in jobs for part in job]
+    parts = [part for lane in lanes for part in lane]
     for part in parts:
         if part.result.startswith("FAILED"):
             print(f"\nmake test: the last {len(part.tail)} lines of {part.target}:")
             print("\n".join(f"  {line}" for line in part.tail))
-    print("\nmake test: what each part took (workers ran side by side)")
-    print(f"  {'worker':<7} {'part':<18} {'result':<12} {'time':>7}")
+    print("\nmake test: what each part took (lanes ran side by side)")
+    print(f"  {'lane':<5} {'part':<18} {'result':<12} {'time':>7}")
     for part in parts:
-        worker = str(part.worker or "-")
-        print(f"  {worker:<7} {part.target:<18} {part.result:<12} {_minutes(part.seconds):>7}")
-    for worker in sorted({part.worker for part in parts if part.worker}):
-        busy = sum(part.seconds for part in parts if part.worker == worker)
-        print(f"  worker {worker}: {_minutes(busy)}")
+        print(f"  {part.lane:<5} {part.target:<18} {part.result:<12} {_minutes(part.seconds):>7}")
+    for index, lane in enumerate(lanes, start=1):
+        print(f"  lane {index}: {_minutes(sum(p.seconds for p in lane))}")
     print(f"  wall clock: {_minutes(wall)}")
     failed = [p.target for p in parts if p.result != "passed"]
     # Last, as a CI log's tail shows only the end: the tests that failed, a line each.
