@@ -213,7 +213,9 @@ def after_plan(
             return PlanVerdict(Next.REPAIR)
         failures = "; ".join(run.failures) or "the plan did not reach the host"
         return PlanVerdict(Next.FAIL, stage="plan", reason=failures + why_not_repaired(record))
-    needs_apply = bool(pending) or "drift" in why or "no record" in why
+    # A record out of date (a stage manages files it does not list, after applies that
+    # failed or a node taken over) would leave their drift unseen by the probe.
+    needs_apply = bool(pending) or "drift" in why or "no record" in why or run.record_changed
     if not needs_apply and run.failed_stage is not None:
         # A stage fails with nothing to change (a refusal: slurmd missing, say): no
         # apply would help; it fails as an apply would, with the stage's own words.

@@ -100,6 +100,9 @@ class HostRun:
     remedy: dict[str, Any] | None = None
     # The GPUs' health read after a remediation's apply (node_state's `health`).
     health: dict[str, Any] | None = None
+    # The pass's record (playbooks/record.yml) was written, or in a plan would be: the
+    # node's record did not say what the stages manage now.
+    record_changed: bool = False
 
     @property
     def changed_components(self) -> list[str]:
@@ -269,6 +272,8 @@ class EventCollector:
             self.probes[host] = _probe_result(host, res)
             if self._progress is not None:
                 self._progress.host_through(host)
+        elif action == PROBE_MODULE:  # the record
+            run.record_changed = run.record_changed or bool(res.get("changed"))
         elif action == ROLLOUT_MODULE:
             run.action_changed = bool(res.get("changed"))
         elif isinstance(facts.get(SLURM_FACT), Mapping):

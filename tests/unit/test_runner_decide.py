@@ -134,6 +134,10 @@ def test_after_the_plan_a_disruptive_change_rolls_and_a_harmless_one_applies() -
     assert (checked.next, checked.needs_apply) == (Next.RECORD, True)
     nothing = decide.after_plan(converged(), run(), ["full check due"], "v1", [], False)
     assert (nothing.next, nothing.needs_apply) == (Next.RECORD, False)
+    # Nothing of a stage to change, but the node's record would be written anew.
+    stale = run(record_changed=True)
+    stale_record = decide.after_plan(converged(), stale, ["failed last time"], "v1", [], False)
+    assert stale_record.next == Next.APPLY
 
 
 def test_a_failed_plan_repairs_file_drift_without_one_but_not_driver_drift() -> None:

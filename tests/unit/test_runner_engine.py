@@ -278,6 +278,7 @@ def test_the_probe_is_found_by_its_module_whatever_its_task_is_called():
     assert [d["component"] for d in collector.probes["a"].drift] == ["exporter"], (
         "the record written after it is no probe"
     )
+    assert collector.hosts["a"].record_changed, "a record written anew is said"
 
 
 def test_the_playbooks_use_the_modules_and_tag_the_engine_reads():
