@@ -130,11 +130,10 @@ unit: venv consumers toolkit migparted
 # The reconciler against a small simulated fleet, through real ansible-runner, and
 # with the cluster side against the test control plane. `make test` runs it in two
 # parts: e2e-cluster after molecule (the cluster module: both use the test control
-# plane; and the MPS and adoption modules, which even out the two lanes' times),
-# e2e-nodes, the rest, beside them. Each lists every test's set-up, call and tear-down
+# plane; and the MPS module), e2e-nodes, the rest, beside them (the adoption module
+# there shares the runner module's installed controller). Each lists every test's set-up, call and tear-down
 # time at its end (--durations=0): where the suite's time goes.
-E2E_CLUSTER := tests/e2e/test_cluster_e2e.py tests/e2e/test_mps_mount.py \
-	tests/e2e/test_adoption_e2e.py
+E2E_CLUSTER := tests/e2e/test_cluster_e2e.py tests/e2e/test_mps_mount.py
 e2e: image repo controlplane consumers
 	pytest tests/e2e --durations=0
 

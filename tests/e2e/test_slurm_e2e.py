@@ -2,7 +2,10 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Slurm's GRES from real facts, checked by real Slurm (Debian's slurmctld and slurmd
 from tests/sim/slurm.py) on a simulated T4, two A100s laid out in MIG devices by the
-mig stage (one GPU per NUMA node), and a CPU-only head node.
+mig stage (one GPU per NUMA node), and a CPU-only head node. The T4 runs its jobs
+straight on the host (gpufleet_containers false: its CUDA sample, where one is named,
+is its validation) and starts as a copy of the session's onboarded T4 (conftest's
+bare_t4_snapshot); the A100s run containers (Pyxis and enroot, say) and onboard here.
 
 The tests run in order, each on what the one before left, as a site would meet them:
 gpufleet declares the GPU and says what slurm.conf lacks; the administrator puts the
@@ -26,6 +29,7 @@ import pytest
 from test_runner_e2e import FLEET, Fleet, inject_fault, start_fleet
 
 NODES = {"slurm-head": "none", "slurm-t4": "t4-1", "slurm-a100": "a100-mig"}
+COPIED = "slurm-t4"  # from the snapshot; the others from the node image
 OLDER = "535.261.03"  # Debian's older build; the node onboards with 535.309.01
 HEAD, GPU, MIG = "slurm-head", "slurm-t4", "slurm-a100"
 SLURM = [*FLEET, "slurm", HEAD, GPU, MIG]
@@ -54,9 +58,16 @@ class SlurmFleet(Fleet):
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmFleet]:
+def fleet(tmp_path_factory: pytest.TempPathFactory, bare_t4_snapshot: str) -> Iterator[SlurmFleet]:
     work = tmp_path_factory.mktemp("slurm")
-    inventory = start_fleet(work, NODES)
+    inventory = start_fleet(work, {n: p for n, p in NODES.items() if n != COPIED})
+    copied = ["--from-snapshot", bare_t4_snapshot, "--node", f"{COPIED}={NODES[COPIED]}"]
+    subprocess.run(
+        [*FLEET, "up", *copied, "--write-inventory", str(inventory / "copied.yml")], check=True
+    )
+    (inventory / "bare.yml").write_text(
+        f"gpu_nodes:\n  hosts:\n    {COPIED}:\n      gpufleet_containers: false\n"
+    )
     (inventory / "host_vars").mkdir()
     subprocess.run(SLURM, check=True)
     sim = SlurmFleet(inventory, work / "state")
@@ -231,6 +242,17 @@ def test_mig_instances_destroyed_by_hand_are_drift_put_back_through_a_drain(flee
     assert (node["State"], node["Reason"]) == ("IDLE", ""), node
 
 
+def _changed_tasks(output: str, host: str) -> list[str]:
+    """The tasks of a playbook's output that changed something on `host`."""
+    task, changed = "", []
+    for line in output.splitlines():
+        if line.startswith("TASK ["):
+            task = line.split("[", 1)[1].rsplit("]", 1)[0]
+        elif line.startswith(f"changed: [{host}]"):
+            changed.append(task)
+    return changed
+
+
 def test_a_second_pass_changes_nothing_and_an_administrators_drain_stays(fleet: SlurmFleet):
     drained = fleet.on_node(
         HEAD, "scontrol", "update", f"NodeName={GPU}", "State=DRAIN", "Reason=disk check"
@@ -240,7 +262,7 @@ def test_a_second_pass_changes_nothing_and_an_administrators_drain_stays(fleet: 
     assert result.returncode == 0, result.stdout[-3000:]
     for host in (GPU, MIG):
         recap = next(ln for ln in result.stdout.splitlines() if ln.startswith(f"{host} "))
-        assert "changed=0" in recap, recap
+        assert "changed=0" in recap, (recap, _changed_tasks(result.stdout, host))
     node = fleet.scontrol()
     assert "DRAIN" in node["State"] and node["Reason"].startswith("disk check"), node
     assert (
