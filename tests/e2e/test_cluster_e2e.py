@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 import cluster as sim_cluster
-from test_runner_e2e import cli_data
+from test_runner_e2e import SHORT_BACKOFF, cli_data
 
 PROJECT = Path(__file__).resolve().parents[2]
 FLEET = [sys.executable, str(PROJECT / "tests" / "sim" / "fleet.py")]
@@ -69,7 +69,7 @@ class Cluster:
         return ["-i", str(self.inventory), "--state-dir", str(self.state)]
 
     def reconcile(self) -> subprocess.CompletedProcess[str]:
-        return self.runner("reconcile", "--once", "--backoff-base", "1", "--backoff-cap", "1")
+        return self.runner("reconcile", "--once", *SHORT_BACKOFF)
 
     def kubectl(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -398,10 +398,7 @@ def test_a_site_preferring_a_taint_has_the_node_tainted_not_left_cordoned(
     assert faulted.returncode == 0
     watch = cluster.watch_node(GPU_NODE, TAINTED)
     try:
-        result = cluster.runner(
-            "reconcile", "--once", "--backoff-base", "1", "--backoff-cap", "1",
-            "--health-window", "0",
-        )  # fmt: skip
+        result = cluster.runner("reconcile", "--once", *SHORT_BACKOFF, "--health-window", "0")
     finally:
         watch.terminate()
     seen = [line.strip() for line in watch.communicate()[0].splitlines()]

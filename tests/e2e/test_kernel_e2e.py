@@ -29,12 +29,19 @@ from pathlib import Path
 
 import pytest
 
-from test_runner_e2e import FLEET, NO_CONTAINERS, PROJECT, Fleet, _copy_to_node, start_fleet
+from test_runner_e2e import (
+    FLEET,
+    NO_CONTAINERS,
+    PROJECT,
+    SHORT_BACKOFF,
+    Fleet,
+    _copy_to_node,
+    start_fleet,
+)
 
 pytestmark = pytest.mark.fleet
 
 NODE = "kern-t4"
-SHORT_BACKOFF = ("--backoff-base", "1", "--backoff-cap", "1")
 
 
 @pytest.fixture(scope="module")

@@ -49,6 +49,8 @@ APT_UPDATE_BOUND = 30
 NO_CONTAINERS = "gpu_nodes:\n  vars:\n    gpufleet_containers: false\n"
 # Long backoff: a failed host stays skipped for the rest of the module.
 BACKOFF = ("--backoff-base", "3000", "--backoff-cap", "3000")
+# Short backoff: a failed host is tried again by the next cycle (after a second or two).
+SHORT_BACKOFF = ("--backoff-base", "1", "--backoff-cap", "1")
 # What a terminal is told besides text (CSI sequences): those that move the cursor
 # or erase a line end a line here, the others (colours) go.
 MOVES = re.compile(r"\x1b\[[0-9;]*[ABJK]|\r")
@@ -635,8 +637,7 @@ def test_an_apply_cut_short_twice_leaves_the_state_whole_and_the_next_attempt_fi
     status = fleet.runner("status")
     assert "Traceback" not in status.stderr and "e2e-t4" in status.stdout, status.stderr
 
-    short = ("--backoff-base", "1", "--backoff-cap", "1")
-    resumed = fleet.spawn("reconcile", "--once", *short)
+    resumed = fleet.spawn("reconcile", "--once", *SHORT_BACKOFF)
     _until_applying(resumed, "e2e-t4")  # (refused the lock, it would exit 3 at once)
     subprocess.run(["podman", "stop", "--time", "0", "e2e-t4"], check=True, capture_output=True)
     out, err = resumed.communicate(timeout=600)
@@ -647,7 +648,7 @@ def test_an_apply_cut_short_twice_leaves_the_state_whole_and_the_next_attempt_fi
     subprocess.run(["podman", "start", "e2e-t4"], check=True, capture_output=True)
     # Until its boot is over (the connection is sshd started per session).
     subprocess.run([*FLEET, "wait", "e2e-t4"], check=True)
-    result = fleet.reconcile("--once", *short)
+    result = fleet.reconcile("--once", *SHORT_BACKOFF)
     assert result.returncode == 1, result.stdout + result.stderr  # only e2e-gone is unwell
     assert "e2e-t4: applied" in result.stdout, result.stdout
     on_node = fleet.on_node("e2e-t4", "cat", "/etc/dcgm-exporter/gpufleet-collectors.csv")
@@ -698,7 +699,7 @@ def test_apt_held_by_a_lock_then_by_a_stalled_mirror_fails_naming_each_then_is_r
     here would have every host planned again.)"""
     removed = fleet.on_node("e2e-t4", "dpkg", "--remove", EXPORTER_PACKAGE)
     assert removed.returncode == 0, removed.stderr
-    short = ("--backoff-base", "1", "--backoff-cap", "1", "--once")
+    short = (*SHORT_BACKOFF, "--once")
     holder = (
         "import fcntl, time\n"
         "lock = open('/var/lib/dpkg/lock-frontend', 'w')\n"

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from test_runner_e2e import FLEET, Fleet, inject_fault, start_fleet
+from test_runner_e2e import FLEET, SHORT_BACKOFF, Fleet, inject_fault, start_fleet
 
 NODES = {"slurm-head": "none", "slurm-t4": "t4-1", "slurm-a100": "a100-mig"}
 COPIED = "slurm-t4"  # from the snapshot; the others from the node image
@@ -43,7 +43,7 @@ pytestmark = pytest.mark.fleet
 class SlurmFleet(Fleet):
     def reconcile(self, *args: str) -> subprocess.CompletedProcess[str]:
         # A failed host is tried again by the next cycle here.
-        return self.runner("reconcile", "--backoff-base", "1", "--backoff-cap", "1", *args)
+        return self.runner("reconcile", *SHORT_BACKOFF, *args)
 
     def scontrol(self, node: str = GPU) -> dict[str, str]:
         """A GPU node as slurmctld reports it (asked on the head node)."""

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 import pytest
 
 import slurm
-from test_runner_e2e import FLEET, Fleet, start_fleet
+from test_runner_e2e import FLEET, SHORT_BACKOFF, Fleet, start_fleet
 
 HEAD, MIG = "nvml-head", "nvml-a100"
 NODES = {HEAD: "none@trixie", MIG: "a100-mig@trixie"}
@@ -68,7 +68,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
 
 def _cycle(fleet: Fleet) -> subprocess.CompletedProcess[str]:
     """One reconcile cycle; a host that failed is tried again by the next one."""
-    return fleet.runner("reconcile", "--once", "--backoff-base", "1", "--backoff-cap", "1")
+    return fleet.runner("reconcile", "--once", *SHORT_BACKOFF)
 
 
 def _listed(fleet: Fleet, *slurmd_args: str) -> list[dict[str, str]]:
