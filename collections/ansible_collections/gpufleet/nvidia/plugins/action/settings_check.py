@@ -40,8 +40,8 @@ SITE_SETTINGS = {
     ),
     "gpufleet_containers": (
         _boolean,
-        "true or false (false: the node runs no containers, and the toolkit, "
-        "runtime_config, validator and device_plugin stages are disabled)",
+        "true or false (false: the node runs no containers: the toolkit, runtime_config "
+        "and device_plugin stages are disabled, the validator runs only a CUDA sample)",
     ),
 }
 
