@@ -131,8 +131,8 @@ unit: venv consumers toolkit migparted
 # with the cluster side against the test control plane. `make test` runs it in two
 # parts: e2e-cluster after molecule (the cluster module: both use the test control
 # plane; and the MPS module), e2e-nodes, the rest, beside them (the adoption module
-# there shares the runner module's installed controller). Each lists every test's set-up, call and tear-down
-# time at its end (--durations=0): where the suite's time goes.
+# there shares the runner module's installed controller). Each lists every test's
+# set-up, call and tear-down time at its end (--durations=0): where the suite's time goes.
 E2E_CLUSTER := tests/e2e/test_cluster_e2e.py tests/e2e/test_mps_mount.py
 e2e: image repo controlplane consumers
 	pytest tests/e2e --durations=0

@@ -273,7 +273,7 @@ class EventCollector:
             if self._progress is not None:
                 self._progress.host_through(host)
         elif action == PROBE_MODULE:  # the record
-            run.record_changed = run.record_changed or bool(res.get("changed"))
+            run.record_changed = bool(res.get("changed"))
         elif action == ROLLOUT_MODULE:
             run.action_changed = bool(res.get("changed"))
         elif isinstance(facts.get(SLURM_FACT), Mapping):

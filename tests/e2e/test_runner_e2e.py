@@ -179,13 +179,25 @@ def start_fleet(
     simulated fleet's group_vars)."""
     inventory = work / "inventory"
     inventory.mkdir()
-    hosts = inventory / "hosts.yml"
+    add_nodes(inventory, "hosts.yml", nodes, from_snapshot, privileged)
+    (inventory / "group_vars").symlink_to(PROJECT / "inventories" / "sim" / "group_vars")
+    return inventory
+
+
+def add_nodes(
+    inventory: Path,
+    hosts_file: str,
+    nodes: dict[str, str],
+    from_snapshot: str = "",
+    privileged: bool = False,
+) -> None:
+    """Start simulated nodes as start_fleet does, listed in `hosts_file` of the
+    inventory directory (a fleet whose nodes start from different sources)."""
     names = [arg for name, profile in nodes.items() for arg in ("--node", f"{name}={profile}")]
     source = ["--from-snapshot", from_snapshot] if from_snapshot else []
     source += ["--privileged"] if privileged else []
-    subprocess.run([*FLEET, "up", *source, *names, "--write-inventory", str(hosts)], check=True)
-    (inventory / "group_vars").symlink_to(PROJECT / "inventories" / "sim" / "group_vars")
-    return inventory
+    hosts = str(inventory / hosts_file)
+    subprocess.run([*FLEET, "up", *source, *names, "--write-inventory", hosts], check=True)
 
 
 @pytest.fixture(scope="module")

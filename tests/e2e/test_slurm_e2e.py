@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from test_runner_e2e import FLEET, SHORT_BACKOFF, Fleet, inject_fault, start_fleet
+from test_runner_e2e import FLEET, SHORT_BACKOFF, Fleet, add_nodes, inject_fault, start_fleet
 
 NODES = {"slurm-head": "none", "slurm-t4": "t4-1", "slurm-a100": "a100-mig"}
 COPIED = "slurm-t4"  # from the snapshot; the others from the node image
@@ -61,10 +61,7 @@ class SlurmFleet(Fleet):
 def fleet(tmp_path_factory: pytest.TempPathFactory, bare_t4_snapshot: str) -> Iterator[SlurmFleet]:
     work = tmp_path_factory.mktemp("slurm")
     inventory = start_fleet(work, {n: p for n, p in NODES.items() if n != COPIED})
-    copied = ["--from-snapshot", bare_t4_snapshot, "--node", f"{COPIED}={NODES[COPIED]}"]
-    subprocess.run(
-        [*FLEET, "up", *copied, "--write-inventory", str(inventory / "copied.yml")], check=True
-    )
+    add_nodes(inventory, "copied.yml", {COPIED: NODES[COPIED]}, from_snapshot=bare_t4_snapshot)
     (inventory / "bare.yml").write_text(
         f"gpu_nodes:\n  hosts:\n    {COPIED}:\n      gpufleet_containers: false\n"
     )
