@@ -1,0 +1,89 @@
+# Copyright: gpufleet developers
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""gpufleet's playbooks load the plugins most tasks use once, in ansible-playbook's own
+process (playbooks/callback_plugins/gpufleet_preload.py), run for real by
+ansible-playbook: the worker forked for a task finds the collection's filters,
+ansible-core's tests and what runs a module already imported, and the filters give
+the same results as without the plugin. A lookup of the test's own, run in the
+worker, reports what was imported there before the task templated anything else."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import PROJECT, local_inventory
+
+PLAY = """
+- name: A task that reads the worker's imports, then one that uses the plugins
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: What the worker had imported before its own templating
+      ansible.builtin.debug:
+        msg: "imported {{ lookup('imported') }}"
+    - name: A filter of the collection and a test of ansible-core
+      ansible.builtin.debug:
+        msg: "ready {{ stages | gpufleet.nvidia.ready_for('mig') }} {{ stages is mapping }}"
+      vars:
+        stages: {driver_stage: {status: ready}}
+"""
+
+LOOKUP = """
+import json, sys
+from ansible.plugins.lookup import LookupBase
+
+WANTED = {
+    "filters": "ansible_collections.gpufleet.nvidia.plugins.filter.summary",
+    "tests": "ansible.plugins.test.core",
+    "module_runs": "ansible.plugins.action.normal",
+}
+
+class LookupModule(LookupBase):
+    def run(self, terms, variables=None, **kwargs):
+        names = list(sys.modules)
+        return [json.dumps({k: any(n.startswith(v) for n in names) for k, v in WANTED.items()})]
+"""
+
+
+def _run(tmp_path: Path, with_plugin: bool) -> list[str]:
+    """Each task's message, in order."""
+    site = tmp_path / ("with" if with_plugin else "without")
+    (site / "lookup_plugins").mkdir(parents=True)
+    if with_plugin:
+        (site / "callback_plugins").symlink_to(PROJECT / "playbooks" / "callback_plugins")
+    (site / "lookup_plugins" / "imported.py").write_text(LOOKUP)
+    (site / "play.yml").write_text(PLAY)
+    local_inventory(site / "hosts.yml", "node")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "GPUFLEET_"))}
+    env.update(
+        ANSIBLE_CONFIG=str(PROJECT / "ansible.cfg"),
+        ANSIBLE_COLLECTIONS_PATH=str(PROJECT / "collections"),
+        ANSIBLE_NOCOLOR="1",
+        ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
+        GPUFLEET_MODULE_CACHE="off",
+    )
+    ran = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", "hosts.yml", "play.yml"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=site,
+        check=False,
+    )
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
+    [play] = json.loads(ran.stdout)["plays"]
+    return [task["hosts"]["node"]["msg"] for task in play["tasks"]]
+
+
+def test_each_worker_finds_the_plugins_loaded_and_the_results_are_the_same(tmp_path):
+    (imported, ready), (alone, ready_alone) = _run(tmp_path, True), _run(tmp_path, False)
+    said = json.loads(imported.removeprefix("imported "))
+    assert said == {"filters": True, "tests": True, "module_runs": True}, said
+    # Without it each worker imports them itself (what the plugin saves).
+    said = json.loads(alone.removeprefix("imported "))
+    assert said == {"filters": False, "tests": False, "module_runs": False}, said
+    assert ready == ready_alone == "ready True True"
