@@ -10,7 +10,7 @@ name) were imported in 27 workers, ansible-core's test plugins (`is changed`,
 `is skipped`) in 40, and what runs a module on a node in 36 to 44. This plugin, loaded
 for every playbook of playbooks/ (and site.yml, which imports them) because it sits
 next to them, loads them before the first task, so each worker finds them loaded:
-the controller's CPU for such a pass over one node went from 7.3 to 6.6 s
+the controller's CPU for such a pass over one node went from 7.6 to 6.9 s
 (docs/verification.md). It changes no result: a plugin that cannot be loaded here is
 loaded by the worker as before.
 """
@@ -36,19 +36,14 @@ from ansible.plugins.callback import CallbackBase
 
 # Any filter of gpufleet.nvidia: finding one loads every filter file of the collection.
 COLLECTION_FILTER = "gpufleet.nvidia.ready_for"
-# Imported by each worker that runs a module: the action plugin that sends it and the
-# version comparison it uses (the JSON profiles of the module's arguments and result
-# are loaded through ansible-core's own calls below).
-MODULE_RUN = (
+MODULES = (
+    # The action plugin that sends a module to the node (the JSON profiles of its
+    # arguments and result are loaded through ansible-core's own calls below).
     "ansible.plugins.action.normal",
-    "ansible.utils.version",
-)
-# The packages ansible-core resolves ansible.builtin's filters and tests through.
-BUILTIN_PACKAGES = (
+    # The packages ansible-core resolves ansible.builtin's filters and tests through.
     "ansible_collections.ansible.builtin.plugins.filter",
     "ansible_collections.ansible.builtin.plugins.test",
 )
-MODULES = (*MODULE_RUN, *BUILTIN_PACKAGES)
 
 
 def preload() -> None:

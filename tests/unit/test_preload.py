@@ -27,7 +27,7 @@ PLAY = """
         msg: "imported {{ lookup('imported') }}"
     - name: A filter of the collection and a test of ansible-core
       ansible.builtin.debug:
-        msg: "ready {{ stages | gpufleet.nvidia.ready_for('mig') }} {{ stages is mapping }}"
+        msg: "ready {{ stages | gpufleet.nvidia.ready_for('mig') }} {{ 'ready' is match('rea') }}"
       vars:
         stages: {driver_stage: {status: ready}}
 """
