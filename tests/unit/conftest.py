@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import os
 import struct
 import subprocess
 import sys
@@ -223,6 +224,24 @@ def local_inventory(path: Path, *hosts: str) -> Path:
         )
     )
     return path
+
+
+def run_site_playbook(site: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """ansible-playbook -i hosts.yml play.yml in `site`, as a site runs it: none of this
+    process's ANSIBLE_ or GPUFLEET_ settings, gpufleet's ansible.cfg, and `env` on top.
+    Asserts that it succeeded (its output's tail in the message if not)."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "GPUFLEET_"))}
+    clean.update(ANSIBLE_CONFIG=str(PROJECT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", **env)
+    ran = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", "hosts.yml", "play.yml"],
+        capture_output=True,
+        text=True,
+        env=clean,
+        cwd=site,
+        check=False,
+    )
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
+    return ran
 
 
 def run_local_module(module: str, args: dict, *flags: str) -> dict:

@@ -13,11 +13,10 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-from conftest import PROJECT, local_inventory
+from conftest import PROJECT, local_inventory, run_site_playbook
 
 PLAY = """
 - name: Modules from ansible-core, from a collection and from the playbook's library
@@ -59,24 +58,12 @@ def _site(tmp_path: Path) -> Path:
 
 
 def _run(site: Path, store: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "GPUFLEET_"))}
-    env.update(
-        ANSIBLE_CONFIG=str(PROJECT / "ansible.cfg"),
+    return run_site_playbook(
+        site,
         ANSIBLE_COLLECTIONS_PATH=str(site.parent / "collections"),
         ANSIBLE_DEBUG="1",
-        ANSIBLE_NOCOLOR="1",
         GPUFLEET_MODULE_CACHE=store,
     )
-    ran = subprocess.run(
-        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", "hosts.yml", "play.yml"],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=site,
-        check=False,
-    )
-    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
-    return ran
 
 
 def _packed(run: subprocess.CompletedProcess[str]) -> set[str]:

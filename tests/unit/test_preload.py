@@ -10,12 +10,9 @@ worker, reports what was imported there before the task templated anything else.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-from conftest import PROJECT, local_inventory
+from conftest import PROJECT, local_inventory, run_site_playbook
 
 PLAY = """
 - name: A task that reads the worker's imports, then one that uses the plugins
@@ -58,23 +55,12 @@ def _run(tmp_path: Path, with_plugin: bool) -> list[str]:
     (site / "lookup_plugins" / "imported.py").write_text(LOOKUP)
     (site / "play.yml").write_text(PLAY)
     local_inventory(site / "hosts.yml", "node")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "GPUFLEET_"))}
-    env.update(
-        ANSIBLE_CONFIG=str(PROJECT / "ansible.cfg"),
+    ran = run_site_playbook(
+        site,
         ANSIBLE_COLLECTIONS_PATH=str(PROJECT / "collections"),
-        ANSIBLE_NOCOLOR="1",
         ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
         GPUFLEET_MODULE_CACHE="off",
     )
-    ran = subprocess.run(
-        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", "hosts.yml", "play.yml"],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=site,
-        check=False,
-    )
-    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
     [play] = json.loads(ran.stdout)["plays"]
     return [task["hosts"]["node"]["msg"] for task in play["tasks"]]
 
