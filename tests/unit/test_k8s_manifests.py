@@ -432,6 +432,45 @@ def test_unwanted_lists_only_our_objects_missing_from_the_set():
     ]
 
 
+def test_prunable_names_kind_and_version_of_what_each_kinds_read_has_in_excess():
+    """One read of several kinds (k8s_read's results, in the kinds' order): what each
+    lists that the set lacks, with the kind and version to delete it by. A kind whose
+    API the cluster lacks (no Prometheus operator) lists nothing."""
+    objects = build("plain")["objects"]
+    kinds = [
+        {"api_version": "apps/v1", "kind": "DaemonSet"},
+        {"api_version": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole"},
+        {"api_version": "monitoring.coreos.com/v1", "kind": "ServiceMonitor"},
+    ]
+    reads = [
+        {
+            "api_found": True,
+            "resources": [
+                {"metadata": {"name": "nvidia-device-plugin", "namespace": "gpufleet"}},
+                {"metadata": {"name": "retired-exporter", "namespace": "gpufleet"}},
+            ],
+        },
+        {"api_found": True, "resources": [{"metadata": {"name": "gpufleet-old-role"}}]},
+        {"api_found": False, "resources": []},
+    ]
+    assert k8s.k8s_prunable(reads, kinds, objects) == [
+        {
+            "api_version": "apps/v1",
+            "kind": "DaemonSet",
+            "namespace": "gpufleet",
+            "name": "retired-exporter",
+        },
+        {
+            "api_version": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "namespace": "",
+            "name": "gpufleet-old-role",
+        },
+    ]
+    with pytest.raises(ValueError):  # a read missing: not one kind's answer taken for another's
+        k8s.k8s_prunable(reads[:2], kinds, objects)
+
+
 # --- dcgm-exporter only where a node runs it in cluster mode -------------------------
 
 EXPORTER_KINDS = {"DaemonSet", "Service", "ServiceMonitor", "ConfigMap"}

@@ -390,6 +390,22 @@ def k8s_unwanted(resources, objects, kind):
     return [resource for resource in resources if key(resource) not in wanted]
 
 
+def k8s_prunable(reads, kinds, objects):
+    """[{api_version, kind, namespace, name}] to delete: for each kind of `kinds`
+    ([{api_version, kind}]), those of its resources in `reads` (k8s_read's results for
+    those kinds, in the same order) that `objects` no longer holds."""
+    return [
+        {
+            "api_version": entry["api_version"],
+            "kind": entry["kind"],
+            "namespace": resource["metadata"].get("namespace") or "",
+            "name": resource["metadata"]["name"],
+        }
+        for entry, read in zip(kinds, reads, strict=True)
+        for resource in k8s_unwanted(read.get("resources") or [], objects, entry["kind"])
+    ]
+
+
 def k8s_record(previous, objects, nodes, hosts, namespace):
     """The record ConfigMap after an apply (see module_utils/k8s_state.py).
 
@@ -440,6 +456,7 @@ class FilterModule:
             "device_plugin_config_file": device_plugin_config_file,
             "k8s_to_yaml": k8s_to_yaml,
             "k8s_unwanted": k8s_unwanted,
+            "k8s_prunable": k8s_prunable,
             "k8s_record": k8s_record,
             "k8s_drift": k8s_drift,
         }
