@@ -25,7 +25,7 @@ export ANSIBLE_FORCE_COLOR ?= 0
 export NO_COLOR ?= 1
 export PY_COLORS ?= 0
 
-.PHONY: help deps venv dist docs setup builds consumers toolkit migparted image repo fleet fleet-down fleet-status controlplane cluster cluster-down demo test lint unit e2e e2e-cluster e2e-nodes molecule molecule-cluster bench clean
+.PHONY: help deps venv dist docs setup builds consumers toolkit migparted image repo fleet fleet-down fleet-status controlplane cluster cluster-down demo test lint unit e2e e2e-cluster e2e-site e2e-nodes molecule molecule-cluster bench clean
 
 help:
 	@echo "make demo    start the simulated GPU fleet and run the main job on it"
@@ -128,20 +128,27 @@ unit: venv consumers toolkit migparted
 	pytest --durations=20
 
 # The reconciler against a small simulated fleet, through real ansible-runner, and
-# with the cluster side against the test control plane. `make test` runs it in two
+# with the cluster side against the test control plane. `make test` runs it in three
 # parts: e2e-cluster after molecule (the cluster module: both use the test control
-# plane; and the MPS module), e2e-nodes, the rest, beside them (the adoption module
-# there shares the runner module's installed controller). Each lists every test's
-# set-up, call and tear-down time at its end (--durations=0): where the suite's time goes.
+# plane; and the MPS module), then e2e-site (the adoption module, a site's own
+# inventory and settings), and e2e-nodes, the rest, beside them. e2e-site is in lane 1
+# for the lanes' balance: e2e-nodes, with the kernel module's DKMS build, was the longer
+# lane; each part installs the controller from the wheel once for its modules that run
+# it (about 25 s). Each lists every test's set-up, call and tear-down time at its end
+# (--durations=0): where the suite's time goes.
 E2E_CLUSTER := tests/e2e/test_cluster_e2e.py tests/e2e/test_mps_mount.py
+E2E_SITE := tests/e2e/test_adoption_e2e.py
 e2e: image repo controlplane consumers
 	pytest tests/e2e --durations=0
 
 e2e-cluster: image repo controlplane consumers
 	pytest $(E2E_CLUSTER) --durations=0
 
+e2e-site: image repo consumers
+	pytest $(E2E_SITE) --durations=0
+
 e2e-nodes: image repo consumers
-	pytest tests/e2e $(addprefix --ignore=,$(E2E_CLUSTER)) --durations=0
+	pytest tests/e2e $(addprefix --ignore=,$(E2E_CLUSTER) $(E2E_SITE)) --durations=0
 
 # Not part of `make test`: measures, asserts nothing (see tests/bench).
 bench: image repo
@@ -194,7 +201,7 @@ builds: venv
 
 # Two lanes side by side (tests/tools/suite.py), each part's time printed at the end.
 # Parts that use the test control plane take turns with it (.cache/cluster.lock).
-TEST_LANES := --lane "lint unit molecule e2e-cluster" --lane "e2e-nodes"
+TEST_LANES := --lane "lint unit molecule e2e-cluster e2e-site" --lane "e2e-nodes"
 test: setup
 	$(BIN)/python tests/tools/suite.py $(TEST_LANES)
 

@@ -23,6 +23,7 @@ import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import termios
 import time
 import tomllib
@@ -778,13 +779,18 @@ def _wheelhouse() -> Path:
         return wheels
     project = tomllib.loads(pyproject.read_text())
     wanted = [*project["project"]["dependencies"], *project["build-system"]["requires"], "pip"]
-    partial = wheels.with_name(wheels.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
+    # A directory of this process's own (two parts of `make test` may both get here),
+    # renamed into place whole; whichever process renames first is kept.
+    wheels.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f"{wheels.name}.", dir=wheels.parent))
+    partial.chmod(0o755)  # as the directory it replaces was made
     download = [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:"]
     subprocess.run([*download, "--dest", str(partial), *wanted], check=True)
     (partial / ".complete").touch()
-    shutil.rmtree(wheels, ignore_errors=True)
-    partial.rename(wheels)
+    try:
+        partial.rename(wheels)
+    except OSError:  # another process's is there now, whole
+        shutil.rmtree(partial, ignore_errors=True)
     return wheels
 
 
