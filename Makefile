@@ -132,9 +132,9 @@ unit: venv consumers toolkit migparted
 # parts: e2e-cluster after molecule (the cluster module: both use the test control
 # plane; and the MPS module), then e2e-site (the adoption module, a site's own
 # inventory and settings), and e2e-nodes, the rest, beside them. e2e-site is in lane 1
-# for the lanes' balance: e2e-nodes, with the kernel module's DKMS build, was the longer
-# lane; each part installs the controller from the wheel once for its modules that run
-# it (about 25 s). Each lists every test's set-up, call and tear-down time at its end
+# and lint in lane 2 for the lanes' balance (e2e-nodes, with the kernel module's DKMS
+# build, was the longer lane); each part installs the controller from the wheel once
+# for its modules that run it (about 25 s). Each lists every test's set-up, call and tear-down time at its end
 # (--durations=0): where the suite's time goes.
 E2E_CLUSTER := tests/e2e/test_cluster_e2e.py tests/e2e/test_mps_mount.py
 E2E_SITE := tests/e2e/test_adoption_e2e.py
@@ -201,7 +201,7 @@ builds: venv
 
 # Two lanes side by side (tests/tools/suite.py), each part's time printed at the end.
 # Parts that use the test control plane take turns with it (.cache/cluster.lock).
-TEST_LANES := --lane "lint unit molecule e2e-cluster e2e-site" --lane "e2e-nodes"
+TEST_LANES := --lane "unit molecule e2e-cluster e2e-site" --lane "lint e2e-nodes"
 test: setup
 	$(BIN)/python tests/tools/suite.py $(TEST_LANES)
 
