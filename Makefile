@@ -133,9 +133,9 @@ unit: venv consumers toolkit migparted
 # plane; and the MPS module), then e2e-site (the adoption module, a site's own
 # inventory and settings), and e2e-nodes, the rest, beside them. e2e-site is in lane 1
 # and lint in lane 2 for the lanes' balance (e2e-nodes, with the kernel module's DKMS
-# build, was the longer lane); each part installs the controller from the wheel once
-# for its modules that run it (about 25 s). Each lists every test's set-up, call and tear-down time at its end
-# (--durations=0): where the suite's time goes.
+# build, was the longer lane); each of the two installs the controller from the wheel
+# once for its modules that run it (about 20 s). Each part lists every test's set-up,
+# call and tear-down time at its end (--durations=0): where the suite's time goes.
 E2E_CLUSTER := tests/e2e/test_cluster_e2e.py tests/e2e/test_mps_mount.py
 E2E_SITE := tests/e2e/test_adoption_e2e.py
 e2e: image repo controlplane consumers
