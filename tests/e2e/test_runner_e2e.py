@@ -10,6 +10,7 @@ node behind it. What a user would notice is asserted: exit codes, what `status` 
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -785,11 +786,12 @@ def _wheelhouse() -> Path:
     partial = Path(tempfile.mkdtemp(prefix=f"{wheels.name}.", dir=wheels.parent))
     partial.chmod(0o755)  # as the directory it replaces was made
     download = [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:"]
-    subprocess.run([*download, "--dest", str(partial), *wanted], check=True)
-    (partial / ".complete").touch()
     try:
-        partial.rename(wheels)
-    except OSError:  # another process's is there now, whole
+        subprocess.run([*download, "--dest", str(partial), *wanted], check=True)
+        (partial / ".complete").touch()
+        with contextlib.suppress(OSError):  # another process's is there now, whole
+            partial.rename(wheels)
+    finally:  # (gone once renamed; a failed or interrupted download leaves nothing)
         shutil.rmtree(partial, ignore_errors=True)
     return wheels
 
